@@ -1,0 +1,72 @@
+// Data sets: Fashion-MNIST (gzipped idx), CIFAR-10/100 (binary), byte-level
+// text, synthetic data. Everything is read at start-up into memory; batches
+// are cut in a seeded order that is identical on every machine.
+#ifndef INTERLOCK_SERVICES_DATA_H_
+#define INTERLOCK_SERVICES_DATA_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+
+namespace interlock {
+
+// What a model needs to know about its input.
+struct DataShape {
+  bool is_text = false;
+  // Images: channels, height, width. Vectors: channels = features, h = w = 1.
+  int64_t channels = 0;
+  int64_t height = 0;
+  int64_t width = 0;
+  // Classes (images, vectors) or vocabulary size (text: 256).
+  int64_t classes = 0;
+  // Text: tokens per sample.
+  int64_t context = 0;
+  bool is_vector = false;
+};
+
+enum class Split { kTrain, kTest };
+
+// One split held in memory. Images: inputs float32 [N, C, H, W] normalised,
+// targets int64 [N]. Text: a flat uint8 token stream; sample i is the window
+// starting at i * context of length context + 1 (input = first context bytes,
+// target = the next context bytes).
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // Stacks the samples with the given indices: inputs and targets.
+  virtual std::pair<torch::Tensor, torch::Tensor> Gather(
+      const std::vector<int64_t>& indices) const = 0;
+};
+
+struct DataSplits {
+  DataShape shape;
+  std::unique_ptr<Dataset> train;
+  std::unique_ptr<Dataset> test;
+};
+
+// Loads both splits as the config describes. Errors name the file and what
+// was expected (NOT_FOUND for a missing file, DATA_LOSS / INVALID_ARGUMENT for
+// a malformed one).
+absl::StatusOr<DataSplits> LoadData(const interlock::v1::DataSpec& spec,
+                                    int64_t text_context);
+
+// Deterministic shuffling: the permutation of [0, n) for the given epoch of a
+// run with the given seed. Uses its own generator (SplitMix64 + Fisher-Yates)
+// so the order is the same on every platform and standard library.
+std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int64_t epoch);
+
+// The default location of the text corpus (the King James Bible extracted by
+// scripts/setup.sh): $INTERLOCK_DATA_DIR/kjv.txt, else .cache/data/kjv.txt
+// relative to the source tree.
+std::string DefaultTextPath();
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_SERVICES_DATA_H_
