@@ -1,0 +1,22 @@
+// The in-process engine: K BlockDrivers joined by in-memory queues, either all
+// on the calling thread ("sequential", the reference's simulated mode) or one
+// thread per block ("threaded").
+#ifndef INTERLOCK_COORDINATOR_INPROCESS_ENGINE_H_
+#define INTERLOCK_COORDINATOR_INPROCESS_ENGINE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "coordinator/engine.h"
+#include "coordinator/train.h"
+#include "proto/config.pb.h"
+
+namespace interlock {
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeInProcessEngine(
+    const interlock::v1::RunConfig& config, const DataShape& shape,
+    Schedule schedule);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_INPROCESS_ENGINE_H_

@@ -1,0 +1,55 @@
+// The run driver: owns data order, learning-rate schedule, the bounded window
+// of micro-batches in flight, step records, evaluation and the run's files.
+// It drives an Engine (in-process or cluster) and has no LibTorch in its API.
+#ifndef INTERLOCK_COORDINATOR_TRAIN_H_
+#define INTERLOCK_COORDINATOR_TRAIN_H_
+
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+
+namespace interlock {
+
+enum class Schedule { kSequential, kThreaded };
+
+struct TrainOptions {
+  // Folder for metrics.jsonl, eval.jsonl and summary.json; empty: none.
+  std::string out_dir;
+  Schedule schedule = Schedule::kSequential;
+  // Progress: a redrawn bar on a terminal, plain log lines otherwise.
+  bool progress_bar = false;
+  bool quiet = false;
+  bool dump_params = false;
+  std::ostream* log = &std::cerr;
+};
+
+struct HeadResult {
+  int block = 0;
+  bool final = false;
+  double loss = 0.0;      // mean per sample (token for text)
+  double accuracy = 0.0;  // argmax hits / count
+  double perplexity = 0.0;  // text only
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double wall_seconds = 0.0;
+  std::vector<HeadResult> eval;
+  std::vector<std::string> block_digests;
+  std::vector<std::string> head_digests;  // "" where a block has no head
+  std::string digest;                     // over all of them
+  std::string params_json;                // one JSON line per tensor
+  std::vector<double> final_losses;       // last step, per block (NaN: none)
+};
+
+// Loads the data, builds the in-process engine and trains.
+absl::StatusOr<TrainResult> Train(const interlock::v1::RunConfig& config,
+                                  const TrainOptions& options);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_TRAIN_H_

@@ -1,0 +1,166 @@
+#include "services/config.h"
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/models.h"
+#include "services/status_macros.h"
+
+namespace interlock {
+namespace {
+
+using interlock::v1::RunConfig;
+using interlock::v1::TrainingSpec;
+
+class Collector : public google::protobuf::io::ErrorCollector {
+ public:
+  explicit Collector(std::string source) : source_(std::move(source)) {}
+  void AddError(int line, int column, const std::string& message) override {
+    errors_.push_back(
+        absl::StrCat(source_, ":", line + 1, ":", column + 1, ": ", message));
+  }
+  void AddWarning(int line, int column, const std::string& message) override {}
+  std::string Joined() const { return absl::StrJoin(errors_, "; "); }
+
+ private:
+  std::string source_;
+  std::vector<std::string> errors_;
+};
+
+}  // namespace
+
+absl::StatusOr<RunConfig> ParseRunConfig(const std::string& text,
+                                         const std::string& source_name) {
+  RunConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  Collector collector(source_name);
+  parser.RecordErrorsTo(&collector);
+  if (!parser.ParseFromString(text, &config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid config: ", collector.Joined()));
+  }
+  return config;
+}
+
+absl::StatusOr<RunConfig> LoadRunConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("config file not found: ", path));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseRunConfig(ss.str(), path);
+}
+
+void ApplyDefaults(RunConfig& c) {
+  auto* t = c.mutable_training();
+  if (t->mode() == TrainingSpec::MODE_UNSPECIFIED) {
+    t->set_mode(TrainingSpec::INTERLOCK);
+  }
+  if (t->n() == 0) t->set_n(2);
+  if (t->rule() == TrainingSpec::RULE_UNSPECIFIED) {
+    t->set_rule(TrainingSpec::FURTHEST);
+  }
+  if (t->batch_size() == 0) t->set_batch_size(64);
+  if (t->microbatches() == 0) t->set_microbatches(1);
+  if (t->steps() == 0 && t->epochs() == 0) t->set_epochs(1);
+  if (t->eval_batch_size() == 0) t->set_eval_batch_size(256);
+  if (t->threads_per_block() == 0) t->set_threads_per_block(1);
+  if (c.optimizer().kind() == interlock::v1::OptimizerSpec::KIND_UNSPECIFIED) {
+    c.mutable_optimizer()->set_kind(interlock::v1::OptimizerSpec::SGD);
+  }
+  auto* s = c.mutable_schedule();
+  if (s->kind() == interlock::v1::ScheduleSpec::KIND_UNSPECIFIED) {
+    s->set_kind(interlock::v1::ScheduleSpec::CONSTANT);
+  }
+  if (s->lr() == 0) s->set_lr(0.1f);
+}
+
+absl::Status ValidateRunConfig(const RunConfig& c) {
+  const auto& t = c.training();
+  ASSIGN_OR_RETURN(int k, NumBlocks(c.model()));
+  if (k < 1) {
+    return absl::InvalidArgumentError("model: needs at least one block");
+  }
+  if (t.mode() == TrainingSpec::INTERLOCK && (t.n() < 1 || t.n() > k)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.n: ", t.n(), " is outside 1..K (K = ", k, " blocks)"));
+  }
+  if (t.batch_size() <= 0) {
+    return absl::InvalidArgumentError("training.batch_size: must be > 0");
+  }
+  if (t.microbatches() <= 0 || t.batch_size() % t.microbatches() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.microbatches: ", t.microbatches(),
+        " must be > 0 and divide training.batch_size ", t.batch_size()));
+  }
+  if (t.steps() < 0 || t.epochs() < 0) {
+    return absl::InvalidArgumentError(
+        "training.steps / training.epochs: must not be negative");
+  }
+  if (t.threads_per_block() < 0 || t.threads_per_block() > 256) {
+    return absl::InvalidArgumentError(
+        "training.threads_per_block: must be in 1..256");
+  }
+  if (c.schedule().lr() < 0) {
+    return absl::InvalidArgumentError("schedule.lr: must not be negative");
+  }
+  if (c.model().has_transformer() &&
+      c.data().kind() != interlock::v1::DataSpec::TEXT &&
+      c.data().kind() != interlock::v1::DataSpec::SYNTHETIC_TEXT) {
+    return absl::InvalidArgumentError(
+        "data.kind: the transformer needs TEXT or SYNTHETIC_TEXT data");
+  }
+  // Partition and head strings are checked by building the model on a
+  // stand-in shape of the configured data kind (cheap for our sizes).
+  DataShape shape;
+  using interlock::v1::DataSpec;
+  switch (c.data().kind()) {
+    case DataSpec::TEXT:
+    case DataSpec::SYNTHETIC_TEXT:
+      shape.is_text = true;
+      shape.classes = 256;
+      shape.context =
+          c.model().has_transformer() ? c.model().transformer().context() : 1;
+      break;
+    case DataSpec::CIFAR10:
+    case DataSpec::CIFAR100:
+      shape.channels = 3;
+      shape.height = shape.width = 32;
+      shape.classes = c.data().kind() == DataSpec::CIFAR10 ? 10 : 100;
+      break;
+    case DataSpec::SYNTHETIC_IMAGES:
+    case DataSpec::SYNTHETIC_VECTORS:
+    case DataSpec::INLINE: {
+      const auto& sh = c.data().synthetic_shape();
+      shape.is_vector = sh.size() <= 1;
+      shape.channels = sh.size() > 0 ? sh[0] : 3;
+      shape.height = sh.size() > 1 ? sh[1] : 1;
+      shape.width = sh.size() > 2 ? sh[2] : 1;
+      if (c.data().kind() == DataSpec::SYNTHETIC_IMAGES && sh.empty()) {
+        shape.is_vector = false;
+        shape.height = shape.width = 32;
+      }
+      shape.classes =
+          c.data().synthetic_classes() > 0 ? c.data().synthetic_classes() : 10;
+      break;
+    }
+    default:
+      shape.channels = 1;
+      shape.height = shape.width = 28;
+      shape.classes = 10;
+  }
+  if (!c.model().has_scale()) {
+    auto built = BuildModel(c.model(), shape,
+                            t.mode() != TrainingSpec::E2E && k > 1, 0);
+    if (!built.ok()) return built.status();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace interlock

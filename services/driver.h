@@ -1,0 +1,93 @@
+// The per-block schedule around a BlockTrainer: orders micro-batches, defers
+// the next step's forwards until this block's optimizer step, merges the loss
+// reports coming up from below, and decides when to step (DESIGN §2). Both the
+// in-process runner and the worker service feed it; it is not thread-safe and
+// must be driven from one thread (the block's executor).
+#ifndef INTERLOCK_SERVICES_DRIVER_H_
+#define INTERLOCK_SERVICES_DRIVER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "services/trainer.h"
+
+namespace interlock {
+
+// Activations (and targets) travelling down the chain.
+struct ForwardMsg {
+  int64_t step = 0;
+  int mb = 0;
+  double lr = 0.0;
+  torch::Tensor input;
+  torch::Tensor target;
+};
+
+// Gradients, reports and timings travelling up the chain. From block 0 it is
+// the completion of a micro-batch: finished everywhere.
+struct UpwardMsg {
+  int64_t step = 0;
+  int mb = 0;
+  std::vector<torch::Tensor> grads;
+  std::vector<LossReport> reports;
+  std::vector<OpTiming> timings;
+};
+
+struct StepDone {
+  int block = 0;
+  int64_t step = 0;
+  OpTiming timing;
+};
+
+class BlockDriver {
+ public:
+  struct Callbacks {
+    std::function<void(ForwardMsg)> send_down;  // never called for the last
+    std::function<void(UpwardMsg)> send_up;     // block 0: a completion
+    std::function<void(StepDone)> step_done;
+  };
+  // `first_step` is the step the block expects next (non-zero on resume).
+  BlockDriver(std::unique_ptr<BlockTrainer> trainer, Callbacks callbacks,
+              int64_t first_step = 0);
+
+  // Both return an error for a message that cannot belong to this run's
+  // schedule (stale step, repeated micro-batch, wrong gradient count); the
+  // driver's state is unchanged then.
+  absl::Status OnForward(ForwardMsg msg);
+  absl::Status OnUpward(UpwardMsg msg);
+
+  BlockTrainer& trainer() { return *trainer_; }
+  int64_t current_step() const { return step_; }
+
+ private:
+  absl::Status Drain();
+  absl::Status RunForward(ForwardMsg msg);
+  absl::Status RunBackward(int mb, std::vector<torch::Tensor> grads);
+  absl::Status MaybeSendUp(int mb, int64_t step);
+
+  struct MbState {
+    bool backward_done = false;
+    bool below_seen = false;  // the upward message from block k+1 arrived
+    std::vector<torch::Tensor> upstream;
+    std::vector<LossReport> reports;
+    std::vector<OpTiming> timings;
+  };
+
+  std::unique_ptr<BlockTrainer> trainer_;
+  Callbacks cb_;
+  const int m_;
+  int64_t step_;
+  double lr_ = 0.0;
+  int forwarded_ = 0;   // micro-batches of step_ forwarded
+  int backwarded_ = 0;  // micro-batches of step_ backwarded
+  std::map<std::pair<int64_t, int>, ForwardMsg> forward_queue_;
+  std::map<std::pair<int64_t, int>, UpwardMsg> upward_queue_;
+  std::map<std::pair<int64_t, int>, MbState> states_;
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_SERVICES_DRIVER_H_

@@ -1,0 +1,50 @@
+// Models cut depth-wise into blocks, each with an optional auxiliary head.
+#ifndef INTERLOCK_SERVICES_MODELS_H_
+#define INTERLOCK_SERVICES_MODELS_H_
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+#include "services/data.h"
+
+namespace interlock {
+
+// One block of the partitioned model and its auxiliary head (empty for the
+// last block and in E2E mode).
+struct BlockModules {
+  torch::nn::Sequential block{nullptr};
+  torch::nn::Sequential head{nullptr};
+};
+
+// How the final block's output is turned into a loss.
+struct FinalLoss {
+  // 0: cross-entropy. Otherwise the test loss sum(scale * logits).
+  float test_loss_scale = 0.0f;
+};
+
+// Parses a partition string such as "1,2,2,rest" over `units` units into K
+// unit counts. An empty string splits evenly into `blocks` blocks.
+absl::StatusOr<std::vector<int>> ParsePartition(const std::string& partition,
+                                                int units, int blocks);
+
+// Number of blocks the model spec describes.
+absl::StatusOr<int> NumBlocks(const interlock::v1::ModelSpec& spec);
+
+// Builds every block (and, when with_heads, the head of every block but the
+// last). Parameters are initialised from `seed` in a fixed order that does not
+// depend on which blocks a caller keeps, on with_heads, or on the thread: the
+// block parameters of E2E and interlocking runs start identical, and a worker
+// that keeps only block k gets the same values as the in-process engine.
+absl::StatusOr<std::vector<BlockModules>> BuildModel(
+    const interlock::v1::ModelSpec& spec, const DataShape& shape,
+    bool with_heads, uint64_t seed);
+
+FinalLoss FinalLossOf(const interlock::v1::ModelSpec& spec);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_SERVICES_MODELS_H_

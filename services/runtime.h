@@ -1,0 +1,14 @@
+// Process-level runtime settings.
+#ifndef INTERLOCK_SERVICES_RUNTIME_H_
+#define INTERLOCK_SERVICES_RUNTIME_H_
+
+namespace interlock {
+
+// Limits LibTorch's intra-op pool and OpenBLAS's own pool to `threads` for
+// the calling thread (and the process-wide defaults). OpenBLAS keeps a pool of
+// its own: without this, two one-thread blocks on two cores fight over four.
+void ConfigureThreads(int threads);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_SERVICES_RUNTIME_H_

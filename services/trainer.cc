@@ -1,0 +1,301 @@
+#include "services/trainer.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "services/status_macros.h"
+
+namespace interlock {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int64_t Hits(const torch::Tensor& logits, const torch::Tensor& target) {
+  if (target.scalar_type() != torch::kInt64 ||
+      logits.dim() != target.dim() + 1) {
+    return 0;
+  }
+  return logits.argmax(-1).eq(target).sum().item<int64_t>();
+}
+
+std::vector<torch::Tensor> ParamsOf(const torch::nn::Sequential& m) {
+  std::vector<torch::Tensor> out;
+  if (m) {
+    for (auto& p : m->parameters()) out.push_back(p);
+  }
+  return out;
+}
+
+// LibTorch reports errors as exceptions; the trainer reports statuses.
+template <typename F>
+auto Guard(const char* what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
+const char* PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kForward:
+      return "forward";
+    case Phase::kHead:
+      return "head";
+    case Phase::kBackward:
+      return "backward";
+    case Phase::kOptimizer:
+      return "optimizer";
+  }
+  return "unknown";
+}
+
+torch::Tensor CrossEntropy(const torch::Tensor& logits,
+                           const torch::Tensor& target) {
+  return torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+}
+
+TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
+                                        int block, int num_blocks) {
+  TrainerOptions o;
+  o.block = block;
+  o.num_blocks = num_blocks;
+  const auto& t = config.training();
+  o.e2e = t.mode() == interlock::v1::TrainingSpec::E2E;
+  o.n = t.n() > 0 ? t.n() : 1;
+  o.sum_rule = t.rule() == interlock::v1::TrainingSpec::SUM;
+  o.microbatches = t.microbatches() > 0 ? t.microbatches() : 1;
+  o.test_loss_scale = FinalLossOf(config.model()).test_loss_scale;
+  return o;
+}
+
+BlockTrainer::BlockTrainer(TrainerOptions options, BlockModules modules)
+    : options_(options), modules_(std::move(modules)) {
+  block_params_ = ParamsOf(modules_.block);
+}
+
+absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::Create(
+    const interlock::v1::RunConfig& config, const DataShape& shape,
+    int block) {
+  ASSIGN_OR_RETURN(int k_blocks, NumBlocks(config.model()));
+  if (block < 0 || block >= k_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block index ", block, " outside [0, ", k_blocks, ")"));
+  }
+  TrainerOptions options = TrainerOptionsFromConfig(config, block, k_blocks);
+  ASSIGN_OR_RETURN(auto all, BuildModel(config.model(), shape, !options.e2e,
+                                        config.training().seed()));
+  return FromModules(options, std::move(all[block]), config.optimizer());
+}
+
+absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::FromModules(
+    const TrainerOptions& options, BlockModules modules,
+    const interlock::v1::OptimizerSpec& optimizer) {
+  if (!options.e2e && options.block + 1 < options.num_blocks &&
+      !modules.head) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", options.block, " needs an auxiliary head"));
+  }
+  std::unique_ptr<BlockTrainer> t(new BlockTrainer(options, std::move(modules)));
+  std::vector<torch::Tensor> params = t->block_params_;
+  for (auto& p : ParamsOf(t->modules_.head)) params.push_back(p);
+  ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(optimizer, params));
+  t->modules_.block->train();
+  if (t->modules_.head) t->modules_.head->train();
+  return t;
+}
+
+int BlockTrainer::DownstreamListSize() const {
+  if (is_last()) return 0;
+  if (options_.e2e) return 1;
+  return std::min(options_.n - 1, options_.num_blocks - options_.block - 1);
+}
+
+bool BlockTrainer::NeedsDownstream() const { return DownstreamListSize() > 0; }
+
+int BlockTrainer::UpstreamListSize() const {
+  if (options_.block == 0) return 0;
+  if (options_.e2e) return 1;
+  return std::min(options_.n - 1, options_.num_blocks - options_.block);
+}
+
+absl::StatusOr<ForwardResult> BlockTrainer::Forward(
+    int mb, const torch::Tensor& input, const torch::Tensor& target) {
+  if (pending_.count(mb)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", options_.block, ": micro-batch ", mb, " already forwarded"));
+  }
+  return Guard("forward", [&]() -> absl::StatusOr<ForwardResult> {
+    ForwardResult r;
+    Pending p;
+    auto t0 = Clock::now();
+    p.input = UpstreamListSize() > 0 ? input.detach().requires_grad_(true)
+                                     : input;
+    p.output = modules_.block->forward(p.input);
+    r.timings.push_back({options_.block, Phase::kForward, SecondsSince(t0)});
+
+    // The head (or the model's loss) sees the output detached: its update
+    // never reaches the block directly, only through the gradient list.
+    if (!options_.e2e || is_last()) {
+      t0 = Clock::now();
+      auto detached = p.output.detach().requires_grad_(true);
+      torch::Tensor logits =
+          is_last() ? detached : modules_.head->forward(detached);
+      torch::Tensor raw;
+      if (is_last() && options_.test_loss_scale != 0.0f) {
+        raw = (logits * options_.test_loss_scale).sum();
+      } else {
+        raw = CrossEntropy(logits, target);
+      }
+      (raw / options_.microbatches).backward();
+      p.own_grad = detached.grad().detach();
+      LossReport rep;
+      rep.block = options_.block;
+      rep.loss = raw.item<double>();
+      rep.correct = Hits(logits.detach(), target);
+      rep.count = target.numel();
+      r.reports.push_back(rep);
+      r.timings.push_back({options_.block, Phase::kHead, SecondsSince(t0)});
+    }
+    if (!is_last()) r.output = p.output.detach();
+    pending_.emplace(mb, std::move(p));
+    return r;
+  });
+}
+
+absl::StatusOr<BackwardResult> BlockTrainer::Backward(
+    int mb, std::vector<torch::Tensor> downstream) {
+  auto it = pending_.find(mb);
+  if (it == pending_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", options_.block, ": micro-batch ", mb, " was not forwarded"));
+  }
+  if (static_cast<int>(downstream.size()) != DownstreamListSize()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block ", options_.block, ": expected ", DownstreamListSize(),
+        " downstream gradients, got ", downstream.size()));
+  }
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  for (const auto& g : downstream) {
+    if (!g.defined() || g.sizes() != p.output.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block ", options_.block, ": gradient shape ",
+          g.defined() ? c10::str(g.sizes()) : "undefined",
+          " does not match output shape ", c10::str(p.output.sizes())));
+    }
+  }
+  return Guard("backward", [&]() -> absl::StatusOr<BackwardResult> {
+    BackwardResult r;
+    auto t0 = Clock::now();
+    // The list of gradients w.r.t. this block's output, nearest loss first.
+    std::vector<torch::Tensor> list;
+    if (p.own_grad.defined()) list.push_back(p.own_grad);
+    for (auto& g : downstream) list.push_back(std::move(g));
+
+    const int up = UpstreamListSize();
+    const int last = static_cast<int>(list.size()) - 1;
+    torch::Tensor theta_grad = list[last];
+    if (options_.sum_rule) {
+      for (int i = last - 1; i >= 0; --i) theta_grad = theta_grad + list[i];
+    }
+    // The entry whose input gradient can come from the parameter backward.
+    const int shared = (!options_.sum_rule || last == 0) ? last : -1;
+    r.upstream.resize(up);
+    // Entries that only feed upstream get input gradients alone: no
+    // parameter-gradient work is paid for them.
+    for (int i = 0; i < up; ++i) {
+      if (i == shared) continue;
+      r.upstream[i] = torch::autograd::grad({p.output}, {p.input}, {list[i]},
+                                            /*retain_graph=*/true)[0];
+    }
+    std::vector<torch::Tensor> inputs = block_params_;
+    const bool with_input = shared >= 0 && shared < up;
+    if (with_input) inputs.push_back(p.input);
+    if (!inputs.empty()) {
+      torch::autograd::backward({p.output}, {theta_grad},
+                                /*retain_graph=*/false,
+                                /*create_graph=*/false, inputs);
+    }
+    if (with_input) r.upstream[shared] = p.input.grad().detach();
+    r.timings.push_back({options_.block, Phase::kBackward, SecondsSince(t0)});
+    return r;
+  });
+}
+
+absl::StatusOr<OpTiming> BlockTrainer::Step(double lr) {
+  if (!pending_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block ", options_.block, ": optimizer step with ",
+                     pending_.size(), " micro-batches still in flight"));
+  }
+  return Guard("optimizer", [&]() -> absl::StatusOr<OpTiming> {
+    auto t0 = Clock::now();
+    optimizer_->Step(lr);
+    optimizer_->ZeroGrad();
+    return OpTiming{options_.block, Phase::kOptimizer, SecondsSince(t0)};
+  });
+}
+
+absl::StatusOr<EvalResult> BlockTrainer::Evaluate(const torch::Tensor& input,
+                                                  const torch::Tensor& target) {
+  return Guard("evaluate", [&]() -> absl::StatusOr<EvalResult> {
+    torch::NoGradGuard no_grad;
+    modules_.block->eval();
+    if (modules_.head) modules_.head->eval();
+    EvalResult r;
+    r.output = modules_.block->forward(input);
+    torch::Tensor logits;
+    if (is_last()) {
+      logits = r.output;
+    } else if (modules_.head) {
+      logits = modules_.head->forward(r.output);
+    }
+    if (logits.defined()) {
+      double loss;
+      if (is_last() && options_.test_loss_scale != 0.0f) {
+        loss = (logits * options_.test_loss_scale).sum().item<double>();
+      } else {
+        loss = torch::nn::functional::cross_entropy(
+                   logits.reshape({-1, logits.size(-1)}), target.reshape({-1}),
+                   torch::nn::functional::CrossEntropyFuncOptions().reduction(
+                       torch::kSum))
+                   .item<double>();
+      }
+      r.loss.push_back(loss);
+      r.correct.push_back(Hits(logits, target));
+    }
+    r.count = target.numel();
+    modules_.block->train();
+    if (modules_.head) modules_.head->train();
+    return r;
+  });
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> BlockTrainer::NamedState()
+    const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  auto add = [&](const std::string& prefix, const torch::nn::Sequential& m) {
+    if (!m) return;
+    for (const auto& kv : m->named_parameters()) {
+      out.emplace_back(prefix + kv.key(), kv.value());
+    }
+    for (const auto& kv : m->named_buffers()) {
+      out.emplace_back(prefix + kv.key(), kv.value());
+    }
+  };
+  add("block.", modules_.block);
+  add("head.", modules_.head);
+  return out;
+}
+
+}  // namespace interlock

@@ -1,0 +1,143 @@
+// The per-block trainer: the one place the interlocking rule lives (DESIGN
+// §1). Both the in-process runner and the worker service drive it; it has no
+// gRPC types and knows nothing about transports or threads.
+#ifndef INTERLOCK_SERVICES_TRAINER_H_
+#define INTERLOCK_SERVICES_TRAINER_H_
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+#include "services/data.h"
+#include "services/models.h"
+#include "services/optim.h"
+
+namespace interlock {
+
+// What the trainer needs to know about the run it is part of.
+struct TrainerOptions {
+  int block = 0;       // k
+  int num_blocks = 1;  // K
+  bool e2e = false;    // no auxiliary heads; plain backprop through the chain
+  int n = 1;           // interlocking width (ignored for E2E)
+  bool sum_rule = false;
+  int microbatches = 1;  // M: losses are scaled by 1/M
+  float test_loss_scale = 0.0f;
+};
+
+TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
+                                        int block, int num_blocks);
+
+// Loss of one head on one micro-batch (unscaled mean over its samples).
+struct LossReport {
+  int block = 0;
+  double loss = 0.0;
+  int64_t correct = 0;  // argmax hits (tokens for text)
+  int64_t count = 0;
+};
+
+// Duration of one operation, for the virtual clock and the metrics.
+enum class Phase { kForward, kHead, kBackward, kOptimizer };
+const char* PhaseName(Phase p);
+struct OpTiming {
+  int block = 0;
+  Phase phase = Phase::kForward;
+  double seconds = 0.0;
+};
+
+struct ForwardResult {
+  torch::Tensor output;  // detached; empty for the last block
+  std::vector<LossReport> reports;
+  std::vector<OpTiming> timings;
+};
+
+struct BackwardResult {
+  // Gradients with respect to this block's input, in loss order
+  // [dL[k]/da[k-1], dL[k+1]/da[k-1], ...]; empty for block 0 and in 1-way.
+  std::vector<torch::Tensor> upstream;
+  std::vector<OpTiming> timings;
+};
+
+// Per-head evaluation of one batch.
+struct EvalResult {
+  torch::Tensor output;      // activation for the next block (or logits)
+  std::vector<double> loss;  // summed (not mean) loss per head of this block
+  std::vector<int64_t> correct;
+  int64_t count = 0;
+};
+
+class BlockTrainer {
+ public:
+  // Builds block `block` of the model (with its head unless E2E) exactly as
+  // every other process would, and its optimizer.
+  static absl::StatusOr<std::unique_ptr<BlockTrainer>> Create(
+      const interlock::v1::RunConfig& config, const DataShape& shape,
+      int block);
+  // Wraps ready-made modules (tests, the monolithic comparisons).
+  static absl::StatusOr<std::unique_ptr<BlockTrainer>> FromModules(
+      const TrainerOptions& options, BlockModules modules,
+      const interlock::v1::OptimizerSpec& optimizer);
+
+  const TrainerOptions& options() const { return options_; }
+  bool is_last() const { return options_.block + 1 == options_.num_blocks; }
+  // Whether Backward needs gradients from the next block.
+  bool NeedsDownstream() const;
+  // How many gradient tensors the next block sends up (0 if none).
+  int DownstreamListSize() const;
+  // How many gradient tensors this block sends upstream (0 for block 0).
+  int UpstreamListSize() const;
+
+  // Forward of micro-batch `mb`: runs the block, keeps its graph, and runs
+  // the auxiliary head (forward and backward, on the detached output) or, for
+  // the last block, the final loss.
+  absl::StatusOr<ForwardResult> Forward(int mb, const torch::Tensor& input,
+                                        const torch::Tensor& target);
+  // Backward of micro-batch `mb` given the next block's gradient list
+  // (`DownstreamListSize()` entries; empty when !NeedsDownstream()).
+  // Accumulates parameter gradients and frees the micro-batch's graph.
+  absl::StatusOr<BackwardResult> Backward(int mb,
+                                          std::vector<torch::Tensor> downstream);
+  // Applies the accumulated gradients with this learning rate, zeroes them.
+  absl::StatusOr<OpTiming> Step(double lr);
+  // Micro-batches forwarded but not yet backwarded.
+  size_t pending() const { return pending_.size(); }
+
+  // Forward-only evaluation (eval mode, no graph): the block's output and its
+  // head's (or, for the last block, the model's) loss and hits.
+  absl::StatusOr<EvalResult> Evaluate(const torch::Tensor& input,
+                                      const torch::Tensor& target);
+
+  // Parameters (and buffers) by name: "block.<name>" and "head.<name>".
+  std::vector<std::pair<std::string, torch::Tensor>> NamedState() const;
+  torch::nn::Sequential block() const { return modules_.block; }
+  torch::nn::Sequential head() const { return modules_.head; }
+
+ private:
+  BlockTrainer(TrainerOptions options, BlockModules modules);
+
+  struct Pending {
+    torch::Tensor input;   // leaf requiring grad when gradients go upstream
+    torch::Tensor output;  // graph root
+    torch::Tensor own_grad;  // dL[k]/da[k] (own head or final loss)
+  };
+
+  TrainerOptions options_;
+  BlockModules modules_;
+  std::vector<torch::Tensor> block_params_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::map<int, Pending> pending_;
+};
+
+// Cross-entropy over the last dimension (any leading shape), mean reduction.
+torch::Tensor CrossEntropy(const torch::Tensor& logits,
+                           const torch::Tensor& target);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_SERVICES_TRAINER_H_

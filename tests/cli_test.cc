@@ -1,0 +1,149 @@
+// The `interlock train` command: worked examples through the CLI path, the
+// run files, and clear one-line errors with a non-zero exit.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tests/test_util.h"
+
+namespace interlock {
+namespace {
+
+using interlock::testing::ParseParams;
+using interlock::testing::RunCommand;
+
+const std::string kCli = INTERLOCK_CLI;
+const std::string kSrc = INTERLOCK_SOURCE_DIR;
+
+std::string TempDir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() /
+           ("interlock_cli_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(p);
+  return p.string();
+}
+
+std::vector<double> Theta(const std::map<std::string, std::vector<double>>& p,
+                          int block) {
+  auto it = p.find("block" + std::to_string(block) + ".block.0.theta");
+  return it == p.end() ? std::vector<double>{} : it->second;
+}
+
+void ExpectNear(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6);
+}
+
+TEST(Cli, WorkedExamples) {
+  struct Case {
+    std::string config;
+    std::vector<std::vector<double>> theta;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"example_e2e", {{0.8}, {2.2}, {3.4}}},
+           {"example_1way", {{1.5, 2.5}, {2.0, 4.0}, {3.4, 3.4}}},
+           {"example_2way", {{0.5, 3.5}, {2.2, 2.2}, {3.4, 3.4}}}}) {
+    auto r = RunCommand(kCli + " train --quiet --dump-params --config " + kSrc +
+                        "/configs/tests/" + c.config + ".pbtxt");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto p = ParseParams(r.output);
+    for (int k = 0; k < 3; ++k) {
+      SCOPED_TRACE(c.config + " block " + std::to_string(k));
+      ExpectNear(Theta(p, k), c.theta[k]);
+    }
+  }
+}
+
+TEST(Cli, WritesRunFiles) {
+  const std::string out = TempDir("files");
+  auto r = RunCommand(kCli + " train --config " + kSrc +
+                      "/configs/tests/tiny_resnet.pbtxt --steps 4 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("final head: accuracy"), std::string::npos)
+      << r.output;
+  std::ifstream metrics(out + "/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) {
+    ++lines;
+    EXPECT_NE(line.find("\"wall_seconds\":"), std::string::npos);
+    EXPECT_NE(line.find("\"lr\":"), std::string::npos);
+    EXPECT_NE(line.find("\"loss\":["), std::string::npos);
+  }
+  EXPECT_EQ(lines, 4);
+  std::stringstream summary;
+  summary << std::ifstream(out + "/summary.json").rdbuf();
+  EXPECT_NE(summary.str().find("\"digests\""), std::string::npos);
+  EXPECT_NE(summary.str().find("\"digest\""), std::string::npos);
+  std::stringstream eval;
+  eval << std::ifstream(out + "/eval.jsonl").rdbuf();
+  EXPECT_NE(eval.str().find("\"head\":\"final\""), std::string::npos);
+  EXPECT_NE(eval.str().find("\"head\":\"aux\""), std::string::npos);
+  std::filesystem::remove_all(out);
+}
+
+TEST(Cli, SameSeedSameDigestAcrossSchedules) {
+  const std::string base = kCli + " train --quiet --config " + kSrc +
+                           "/configs/tests/tiny_resnet.pbtxt --steps 3";
+  auto a = RunCommand(base + " --schedule sequential");
+  auto b = RunCommand(base + " --schedule threaded");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  auto digest = [](const std::string& s) {
+    auto at = s.find("digest ");
+    return at == std::string::npos ? std::string() : s.substr(at, 71);
+  };
+  EXPECT_FALSE(digest(a.output).empty());
+  EXPECT_EQ(digest(a.output), digest(b.output));
+}
+
+// Every bad input: a one-line error naming the problem, a non-zero exit.
+TEST(Cli, BadInputsGiveOneLineErrors) {
+  const std::string dir = TempDir("bad");
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  const std::string tiny = kSrc + "/configs/tests/tiny_resnet.pbtxt";
+  struct Case {
+    std::string args;
+    std::string fragment;
+  };
+  const std::string bad_gz = write("train-images-idx3-ubyte.gz", "not gzip");
+  for (const char* f : {"train-labels-idx1-ubyte.gz",
+                               "t10k-images-idx3-ubyte.gz",
+                               "t10k-labels-idx1-ubyte.gz"}) {
+    write(f, "x");
+  }
+  const std::string fmnist_cfg = write(
+      "fmnist.pbtxt",
+      "model { mlp { hidden: 8 } blocks: 2 head: \"fc\" }\n"
+      "data { kind: FASHION_MNIST path: \"" + dir + "\" }\n");
+  for (const Case& c : std::vector<Case>{
+           {"--config /nonexistent.pbtxt", "/nonexistent.pbtxt"},
+           {"--config " + write("u.pbtxt", "nonsense_field: 1\n"),
+            "nonsense_field"},
+           {"--config " + tiny + " --n 9", "training.n"},
+           {"--config " + tiny + " --mode sideways", "--mode"},
+           {"--config " + tiny + " --rule biggest", "--rule"},
+           {"--config " + tiny + " --schedule random", "--schedule"},
+           {"--config " + fmnist_cfg, "train-images-idx3-ubyte.gz"},
+       }) {
+    auto r = RunCommand(kCli + " train --quiet " + c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_NE(r.output.find("interlock: error:"), std::string::npos)
+        << c.args << ": " << r.output;
+    EXPECT_NE(r.output.find(c.fragment), std::string::npos)
+        << c.args << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1)
+        << c.args << ": " << r.output;
+  }
+  auto r = RunCommand(kCli + " frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace interlock

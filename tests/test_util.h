@@ -1,0 +1,65 @@
+// Shared helpers for the tests.
+#ifndef INTERLOCK_TESTS_TEST_UTIL_H_
+#define INTERLOCK_TESTS_TEST_UTIL_H_
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+
+namespace interlock::testing {
+
+// Parses the --dump-params output: one {"name":...,"values":[...]} per line.
+inline std::map<std::string, std::vector<double>> ParseParams(
+    const std::string& text) {
+  std::map<std::string, std::vector<double>> out;
+  std::istringstream in(text);
+  std::string line;
+  const std::string kName = "{\"name\":\"";
+  const std::string kValues = "\"values\":[";
+  while (std::getline(in, line)) {
+    if (line.rfind(kName, 0) != 0) continue;
+    const size_t name_end = line.find('"', kName.size());
+    const size_t v = line.find(kValues);
+    const size_t v_end = line.rfind(']');
+    if (name_end == std::string::npos || v == std::string::npos ||
+        v_end == std::string::npos || v_end < v) {
+      continue;
+    }
+    std::vector<double>& values =
+        out[line.substr(kName.size(), name_end - kName.size())];
+    const std::string list =
+        line.substr(v + kValues.size(), v_end - v - kValues.size());
+    for (absl::string_view part : absl::StrSplit(list, ',')) {
+      double d = 0;
+      if (absl::SimpleAtod(part, &d)) values.push_back(d);
+    }
+  }
+  return out;
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command and captures its output.
+inline CommandResult RunCommand(const std::string& command) {
+  CommandResult r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace interlock::testing
+
+#endif  // INTERLOCK_TESTS_TEST_UTIL_H_
