@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= 2
 CONFIG ?= configs/fmnist_resnet_k4.pbtxt
-RUN_ARGS ?= --n 2 --out out/fmnist_resnet_k4
+RUN_ARGS ?= --engine cluster --n 2 --out out/fmnist_resnet_k4
 
 .PHONY: all setup build run test bench clean format
 

@@ -1,6 +1,11 @@
 // interlock: the command-line front end. Flags only here; everything else is
 // in the RunConfig file (configs/*.pbtxt).
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
 
 #include <cstdio>
 #include <iostream>
@@ -13,6 +18,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/local_cluster.h"
 #include "coordinator/train.h"
 #include "services/config.h"
 
@@ -31,6 +38,20 @@ ABSL_FLAG(std::string, out, "", "folder for metrics.jsonl, eval.jsonl and "
                                 "summary.json");
 ABSL_FLAG(bool, dump_params, false, "print every parameter as JSON at the end");
 ABSL_FLAG(bool, quiet, false, "no progress output");
+#ifdef INTERLOCK_COORDINATOR_BINARY
+constexpr char kDefaultEngine[] = "cluster";
+#else
+constexpr char kDefaultEngine[] = "inprocess";
+#endif
+ABSL_FLAG(std::string, engine, kDefaultEngine,
+          "inprocess (one process) or cluster (worker services over gRPC)");
+ABSL_FLAG(std::string, workers, "",
+          "cluster: comma-separated worker addresses, one per block in order; "
+          "empty starts a local cluster on loopback");
+ABSL_FLAG(std::string, worker_binary, "",
+          "local cluster: the interlock-worker executable");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve the coordinator's /metrics on this port (-1: off)");
 
 namespace {
 
@@ -41,11 +62,33 @@ constexpr char kUsage[] =
     "interlock train --config FILE [--mode e2e|interlock] [--n N] "
     "[--rule furthest|sum] [--steps N] [--epochs N] [--seed S] "
     "[--threads-per-block T] [--schedule sequential|threaded] [--out DIR] "
-    "[--dump-params]";
+    "[--dump-params] [--engine inprocess|cluster] [--workers A,B,...] "
+    "[--metrics-port P]";
+
+std::atomic<bool> g_interrupted{false};
+std::mutex g_cluster_mu;
+interlock::LocalCluster* g_cluster = nullptr;
 
 int Fail(const std::string& message, int code = 1) {
   std::cerr << "interlock: error: " << message << "\n";
   return code;
+}
+
+// Ctrl-C / SIGTERM: stop the local cluster's workers (the run then ends with
+// an error) or, in process, leave at once. Either way no worker is orphaned.
+void WatchSignals(sigset_t signals) {
+  std::thread([signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    g_interrupted = true;
+    std::cerr << "\ninterlock: interrupted by signal " << sig << "\n";
+    std::lock_guard<std::mutex> l(g_cluster_mu);
+    if (g_cluster != nullptr) {
+      g_cluster->Stop(absl::Seconds(3));
+    } else {
+      std::_Exit(130);
+    }
+  }).detach();
 }
 
 int RunTrain() {
@@ -102,8 +145,30 @@ int RunTrain() {
   options.dump_params = absl::GetFlag(FLAGS_dump_params);
   options.quiet = absl::GetFlag(FLAGS_quiet);
   options.progress_bar = isatty(STDERR_FILENO) != 0;
+  const std::string engine = absl::GetFlag(FLAGS_engine);
+  if (engine == "cluster") {
+    options.engine = interlock::EngineKind::kCluster;
+  } else if (engine != "inprocess") {
+    return Fail(
+        absl::StrCat("--engine: '", engine, "', expected inprocess or cluster"),
+        2);
+  }
+  const std::string workers = absl::GetFlag(FLAGS_workers);
+  if (!workers.empty()) {
+    if (options.engine != interlock::EngineKind::kCluster) {
+      return Fail("--workers needs --engine cluster", 2);
+    }
+    options.workers = absl::StrSplit(workers, ',', absl::SkipEmpty());
+  }
+  options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.on_cluster = [](interlock::LocalCluster* c) {
+    std::lock_guard<std::mutex> l(g_cluster_mu);
+    g_cluster = c;
+  };
 
   auto result = interlock::Train(config, options);
+  if (g_interrupted) return Fail("interrupted", 130);
   if (!result.ok()) return Fail(std::string(result.status().message()));
   std::cout << absl::StrFormat("Test metrics after %d steps (%.1f s):\n",
                                result->steps, result->wall_seconds);
@@ -137,12 +202,29 @@ int main(int argc, char** argv) {
   }
   std::vector<char*> args =
       absl::ParseCommandLine(static_cast<int>(argv2.size()), argv2.data());
+  // Signals are taken by one watcher thread; block them before any other
+  // thread exists so none of those receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  WatchSignals(signals);
+#ifdef INTERLOCK_COORDINATOR_BINARY
+  if (args.size() > 1) {
+    return Fail(absl::StrCat("unexpected argument '", args[1], "'"), 2);
+  }
+  return RunTrain();
+#else
   if (args.size() < 2) return Fail(absl::StrCat("usage: ", kUsage), 2);
   const std::string command = args[1];
   if (args.size() > 2) {
     return Fail(absl::StrCat("unexpected argument '", args[2], "'"), 2);
   }
   if (command == "train") return RunTrain();
+#endif
+#ifndef INTERLOCK_COORDINATOR_BINARY
   return Fail(absl::StrCat("unknown command '", command, "'; usage: ", kUsage),
               2);
+#endif
 }

@@ -10,8 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/cluster_engine.h"
 #include "coordinator/inprocess_engine.h"
 #include "coordinator/json.h"
+#include "coordinator/local_cluster.h"
+#include "coordinator/metrics.h"
 #include "coordinator/progress.h"
 #include "services/config.h"
 #include "services/data.h"
@@ -45,8 +48,10 @@ struct StepAgg {
 class Runner {
  public:
   Runner(const RunConfig& config, const TrainOptions& options, Engine& engine,
-         const Dataset& train, const Dataset& test, bool text)
-      : c_(config),
+         const Dataset& train, const Dataset& test, bool text,
+         CoordinatorMetrics* metrics)
+      : metrics_out_(metrics),
+        c_(config),
         o_(options),
         engine_(engine),
         train_(train),
@@ -109,6 +114,15 @@ class Runner {
         RETURN_IF_ERROR(engine_.Submit(std::move(msg)));
         ++in_flight_;
       }
+      const int64_t every = t.eval_every_steps();
+      if (every > 0 && (s + 1) % every == 0 && s + 1 < total) {
+        // Evaluation needs an idle chain: finish step s everywhere first.
+        while (next_emit_ <= s || MinStepsDone() <= s) {
+          RETURN_IF_ERROR(HandleNext());
+        }
+        ASSIGN_OR_RETURN(auto evals, Evaluate());
+        eval_log_.emplace_back(s + 1, std::move(evals));
+      }
     }
     total_ = total;
     while (next_emit_ < total || MinStepsDone() < total) {
@@ -120,6 +134,7 @@ class Runner {
     result.final_losses = last_losses_;
     progress.Finish();
     ASSIGN_OR_RETURN(result.eval, Evaluate());
+    eval_log_.emplace_back(total, result.eval);
     RETURN_IF_ERROR(Digests(result));
     if (!o_.out_dir.empty()) RETURN_IF_ERROR(WriteFiles(result));
     return result;
@@ -189,6 +204,9 @@ class Runner {
       metrics_.flush();
     }
     lrs_.erase(s);
+    if (metrics_out_) {
+      metrics_out_->OnStep(s, losses, sps, c_.training().microbatches());
+    }
     progress_->Update(s + 1, losses, sps, wall);
   }
 
@@ -218,6 +236,7 @@ class Runner {
       r.loss = s.count ? s.loss_sum / s.count : kNaN;
       r.accuracy = s.count ? static_cast<double>(s.correct) / s.count : kNaN;
       r.perplexity = text_ ? std::exp(r.loss) : kNaN;
+      if (metrics_out_) metrics_out_->OnEval(block, r.accuracy, r.loss);
       out.push_back(r);
     }
     return out;
@@ -257,12 +276,14 @@ class Runner {
 
   absl::Status WriteFiles(const TrainResult& r) {
     std::ofstream ev(o_.out_dir + "/eval.jsonl", std::ios::trunc);
-    for (const auto& h : r.eval) {
-      ev << "{\"step\":" << r.steps << ",\"block\":" << h.block
+    for (const auto& [step, heads] : eval_log_) {
+      for (const auto& h : heads) {
+      ev << "{\"step\":" << step << ",\"block\":" << h.block
          << ",\"head\":" << (h.final ? "\"final\"" : "\"aux\"")
          << ",\"loss\":" << JsonNumber(h.loss)
          << ",\"accuracy\":" << JsonNumber(h.accuracy)
          << ",\"perplexity\":" << JsonNumber(h.perplexity) << "}\n";
+      }
     }
     std::ofstream sm(o_.out_dir + "/summary.json.tmp", std::ios::trunc);
     const auto& t = c_.training();
@@ -301,6 +322,7 @@ class Runner {
     return absl::OkStatus();
   }
 
+  CoordinatorMetrics* metrics_out_;
   const RunConfig& c_;
   const TrainOptions& o_;
   Engine& engine_;
@@ -318,6 +340,7 @@ class Runner {
   std::map<int64_t, double> lrs_;
   std::vector<int64_t> steps_done_;
   std::vector<double> last_losses_;
+  std::vector<std::pair<int64_t, std::vector<HeadResult>>> eval_log_;
 };
 
 }  // namespace
@@ -331,12 +354,45 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
                               ? config.model().transformer().context()
                               : 1;
   ASSIGN_OR_RETURN(DataSplits data, LoadData(config.data(), context));
-  ASSIGN_OR_RETURN(auto engine,
-                   MakeInProcessEngine(config, data.shape, options.schedule));
+  std::unique_ptr<CoordinatorMetrics> metrics;
+  if (options.metrics_port >= 0) {
+    ASSIGN_OR_RETURN(metrics,
+                     CoordinatorMetrics::Serve(options.metrics_host,
+                                               options.metrics_port,
+                                               ModeName(config)));
+  }
+  std::unique_ptr<LocalCluster> local;
+  std::unique_ptr<Engine> engine;
+  if (options.engine == EngineKind::kCluster) {
+    ClusterOptions co;
+    co.workers = options.workers;
+    if (co.workers.empty()) {
+      ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
+      ASSIGN_OR_RETURN(local, LocalCluster::Launch(
+                                  k, options.worker_binary.empty()
+                                         ? DefaultWorkerBinary()
+                                         : options.worker_binary));
+      if (options.on_cluster) options.on_cluster(local.get());
+      co.workers = local->addresses();
+    }
+    auto made = MakeClusterEngine(config, data.shape, co);
+    if (!made.ok()) {
+      if (local && options.on_cluster) options.on_cluster(nullptr);
+      return made.status();
+    }
+    engine = std::move(*made);
+  } else {
+    ASSIGN_OR_RETURN(engine,
+                     MakeInProcessEngine(config, data.shape, options.schedule));
+  }
   Runner runner(config, options, *engine, *data.train, *data.test,
-                data.shape.is_text);
+                data.shape.is_text, metrics.get());
   auto result = runner.Run();
   engine->Shutdown();
+  if (local) {
+    if (options.on_cluster) options.on_cluster(nullptr);
+    local->Stop();
+  }
   return result;
 }
 

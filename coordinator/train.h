@@ -5,6 +5,7 @@
 #define INTERLOCK_COORDINATOR_TRAIN_H_
 
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -15,6 +16,9 @@
 namespace interlock {
 
 enum class Schedule { kSequential, kThreaded };
+enum class EngineKind { kInProcess, kCluster };
+
+class LocalCluster;
 
 struct TrainOptions {
   // Folder for metrics.jsonl, eval.jsonl and summary.json; empty: none.
@@ -25,6 +29,18 @@ struct TrainOptions {
   bool quiet = false;
   bool dump_params = false;
   std::ostream* log = &std::cerr;
+
+  EngineKind engine = EngineKind::kInProcess;
+  // Cluster: one worker address per block; empty starts a local cluster of
+  // interlock-worker processes on loopback.
+  std::vector<std::string> workers;
+  std::string worker_binary;  // empty: next to this executable
+  // Coordinator /metrics: -1 off, 0 any free port.
+  int metrics_port = -1;
+  std::string metrics_host = "0.0.0.0";
+  // Receives the local cluster while it runs (nullptr once stopped), so a
+  // signal handler can stop it.
+  std::function<void(LocalCluster*)> on_cluster;
 };
 
 struct HeadResult {

@@ -600,4 +600,39 @@ absl::StatusOr<std::vector<BlockModules>> BuildModel(const ModelSpec& spec,
   }
 }
 
+std::vector<int64_t> SampleShape(const DataShape& shape) {
+  if (shape.is_text) return {shape.context};
+  if (shape.is_vector) return {shape.channels};
+  return {shape.channels, shape.height, shape.width};
+}
+
+std::vector<int64_t> TargetShape(const DataShape& shape) {
+  if (shape.is_text) return {shape.context};
+  return {};
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> BlockOutputShapes(
+    const ModelSpec& spec, const DataShape& shape) {
+  auto blocks = BuildModel(spec, shape, /*with_heads=*/false, 0);
+  if (!blocks.ok()) return blocks.status();
+  try {
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> dims = SampleShape(shape);
+    dims.insert(dims.begin(), 1);
+    torch::Tensor x = shape.is_text
+                          ? torch::zeros(dims, torch::dtype(torch::kInt64))
+                          : torch::zeros(dims);
+    std::vector<std::vector<int64_t>> out;
+    for (auto& b : *blocks) {
+      b.block->eval();
+      x = b.block->forward(x);
+      out.emplace_back(x.sizes().begin() + 1, x.sizes().end());
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: probing block shapes failed: ", e.what()));
+  }
+}
+
 }  // namespace interlock

@@ -43,6 +43,15 @@ absl::StatusOr<std::vector<BlockModules>> BuildModel(
     const interlock::v1::ModelSpec& spec, const DataShape& shape,
     bool with_heads, uint64_t seed);
 
+// Shape of every block's output for one sample (batch dimension dropped),
+// found by running one zero sample through the model in eval mode.
+absl::StatusOr<std::vector<std::vector<int64_t>>> BlockOutputShapes(
+    const interlock::v1::ModelSpec& spec, const DataShape& shape);
+
+// Shape of one sample of the data (no batch dimension) and its target.
+std::vector<int64_t> SampleShape(const DataShape& shape);
+std::vector<int64_t> TargetShape(const DataShape& shape);
+
 FinalLoss FinalLossOf(const interlock::v1::ModelSpec& spec);
 
 }  // namespace interlock

@@ -1,0 +1,329 @@
+#include "coordinator/cluster_engine.h"
+
+#include <condition_variable>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "proto/worker.grpc.pb.h"
+#include "rpc/status.h"
+#include "rpc/stream.h"
+#include "services/models.h"
+#include "services/status_macros.h"
+#include "services/wire.h"
+
+namespace interlock {
+namespace {
+
+namespace v1 = interlock::v1;
+
+std::string NewRunId() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x", rd(), rd());
+}
+
+int64_t Elements(int64_t batch, const std::vector<int64_t>& dims) {
+  int64_t n = batch;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+class ClusterEngine : public Engine {
+ public:
+  ClusterEngine(const v1::RunConfig& config, const DataShape& shape,
+                const ClusterOptions& options)
+      : config_(config), shape_(shape), options_(options) {}
+
+  ~ClusterEngine() override { Shutdown(); }
+
+  absl::Status Init() {
+    ASSIGN_OR_RETURN(const int k_blocks, NumBlocks(config_.model()));
+    if (static_cast<int>(options_.workers.size()) != k_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--workers: ", options_.workers.size(), " addresses for a model of ",
+          k_blocks, " blocks"));
+    }
+    ASSIGN_OR_RETURN(max_bytes_, MaxMessageBytes(k_blocks));
+    run_id_ = NewRunId();
+    for (const auto& addr : options_.workers) {
+      Peer p;
+      p.address = addr;
+      p.channel = MakeChannel(addr, max_bytes_);
+      p.stub = v1::Worker::NewStub(p.channel);
+      peers_.push_back(std::move(p));
+    }
+    // Last block first, so each worker's downstream is ready when it opens
+    // its link.
+    for (int k = k_blocks - 1; k >= 0; --k) {
+      v1::ConfigureRequest req;
+      req.set_run_id(run_id_);
+      req.set_generation(1);
+      *req.mutable_config() = config_;
+      req.set_block(k);
+      req.set_num_blocks(k_blocks);
+      if (k + 1 < k_blocks) req.set_next_address(options_.workers[k + 1]);
+      EncodeShape(shape_, req.mutable_shape());
+      req.set_max_message_bytes(max_bytes_);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
+      ctx.set_wait_for_ready(true);
+      v1::ConfigureResponse resp;
+      grpc::Status s = peers_[k].stub->Configure(&ctx, req, &resp);
+      if (!s.ok()) {
+        return absl::Status(
+            FromGrpcStatus(s).code(),
+            absl::StrCat("worker ", k, " (", peers_[k].address,
+                         "): configure failed: ", s.error_message()));
+      }
+    }
+    StreamClient::Handlers h;
+    h.on_message = [this](v1::UpMessage m) { OnUp(std::move(m)); };
+    h.on_done = [this](const grpc::Status& s) { OnStreamDone(s); };
+    stream_ = StreamClient::Open(peers_[0].stub.get(), std::move(h));
+    return absl::OkStatus();
+  }
+
+  int num_blocks() const override { return static_cast<int>(peers_.size()); }
+
+  absl::Status Submit(ForwardMsg msg) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!error_.ok()) return error_;
+    }
+    v1::DownMessage down;
+    SetHeader(&down);
+    auto* f = down.mutable_forward();
+    f->set_step(msg.step);
+    f->set_microbatch(msg.mb);
+    f->set_microbatches(config_.training().microbatches());
+    f->set_learning_rate(msg.lr);
+    EncodeTensor(msg.input, f->mutable_input());
+    EncodeTensor(msg.target, f->mutable_target());
+    stream_->Send(std::move(down));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<EngineEvent> Next() override {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, absl::ToChronoSeconds(options_.stall_timeout),
+                      [&] { return !events_.empty() || !error_.ok(); })) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no progress from the workers for ",
+          absl::FormatDuration(options_.stall_timeout)));
+    }
+    if (!error_.ok()) return error_;
+    EngineEvent e = std::move(events_.front());
+    events_.pop_front();
+    return e;
+  }
+
+  absl::StatusOr<std::vector<HeadEval>> Evaluate(
+      const torch::Tensor& input, const torch::Tensor& target) override {
+    const int64_t id = next_eval_++;
+    v1::DownMessage down;
+    SetHeader(&down);
+    down.mutable_eval()->set_batch(id);
+    EncodeTensor(input, down.mutable_eval()->mutable_input());
+    EncodeTensor(target, down.mutable_eval()->mutable_target());
+    stream_->Send(std::move(down));
+    std::unique_lock<std::mutex> l(mu_);
+    const size_t k = peers_.size();
+    if (!cv_.wait_for(l, absl::ToChronoSeconds(options_.stall_timeout), [&] {
+          return !error_.ok() || evals_[id].size() == k;
+        })) {
+      return absl::DeadlineExceededError("evaluation: no answer from workers");
+    }
+    if (!error_.ok()) return error_;
+    std::vector<HeadEval> out;
+    std::vector<v1::EvalResult> results = std::move(evals_[id]);
+    evals_.erase(id);
+    std::sort(results.begin(), results.end(),
+              [](const auto& a, const auto& b) { return a.block() < b.block(); });
+    for (const auto& r : results) {
+      if (!r.has_head()) continue;
+      out.push_back({r.block(), r.loss_sum(), r.correct(), r.count()});
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::vector<BlockState>> FetchState() override {
+    std::vector<BlockState> out;
+    for (size_t k = 0; k < peers_.size(); ++k) {
+      v1::GetStateRequest req;
+      req.set_run_id(run_id_);
+      v1::GetStateResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
+      grpc::Status s = peers_[k].stub->GetState(&ctx, req, &resp);
+      if (!s.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("worker ", k, " (", peers_[k].address,
+                         "): get_state failed: ", s.error_message()));
+      }
+      BlockState st;
+      for (const auto* part : {&resp.block(), &resp.head()}) {
+        for (const auto& nt : *part) {
+          ASSIGN_OR_RETURN(torch::Tensor t, DecodeTensor(nt.tensor(), nt.name()));
+          (part == &resp.block() ? st.block : st.head)
+              .emplace_back(nt.name(), std::move(t));
+        }
+      }
+      out.push_back(std::move(st));
+    }
+    return out;
+  }
+
+  void Shutdown() override {
+    if (!stream_) return;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      closing_ = true;
+    }
+    stream_->CloseWrites();
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, std::chrono::seconds(5), [&] { return stream_done_; })) {
+      stream_->Cancel();
+      cv_.wait_for(l, std::chrono::seconds(5), [&] { return stream_done_; });
+    }
+    l.unlock();
+    stream_.reset();
+  }
+
+ private:
+  struct Peer {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Worker::Stub> stub;
+  };
+
+  // The largest message any link carries: a micro-batch's (or an eval
+  // batch's) input and targets, or the gradient list of the widest block.
+  absl::StatusOr<int64_t> MaxMessageBytes(int k_blocks) {
+    ASSIGN_OR_RETURN(auto outs, BlockOutputShapes(config_.model(), shape_));
+    const auto& t = config_.training();
+    const int64_t b =
+        std::max<int64_t>(t.batch_size() / std::max(1, t.microbatches()),
+                          std::max(t.eval_batch_size(), t.batch_size()));
+    const int64_t targets = Elements(b, TargetShape(shape_)) * 8;
+    int64_t worst = 0;
+    for (int k = 0; k < k_blocks; ++k) {
+      const auto in_dims = k == 0 ? SampleShape(shape_) : outs[k - 1];
+      const int64_t in = Elements(b, in_dims) * (shape_.is_text ? 8 : 4);
+      const int64_t out = Elements(b, outs[k]) * 4;
+      worst = std::max(worst, in + targets);
+      worst = std::max(worst, out * k_blocks);
+    }
+    return worst + (1 << 20);
+  }
+
+  void SetHeader(v1::DownMessage* m) {
+    m->mutable_header()->set_run_id(run_id_);
+    m->mutable_header()->set_generation(1);
+    m->mutable_header()->mutable_route()->set_block(0);
+  }
+
+  void Fail(absl::Status s) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (error_.ok()) error_ = std::move(s);
+    }
+    cv_.notify_all();
+  }
+
+  void OnUp(v1::UpMessage m) {
+    switch (m.kind_case()) {
+      case v1::UpMessage::kUpward: {
+        auto up = DecodeUpward(m.upward());
+        if (!up.ok()) {
+          Fail(up.status());
+          return;
+        }
+        Push(std::move(*up));
+        return;
+      }
+      case v1::UpMessage::kStepDone: {
+        StepDone d;
+        d.block = m.step_done().block();
+        d.step = m.step_done().step();
+        d.timing = {d.block, Phase::kOptimizer,
+                    m.step_done().optimizer_seconds()};
+        Push(d);
+        return;
+      }
+      case v1::UpMessage::kEval: {
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          evals_[m.eval().batch()].push_back(m.eval());
+        }
+        cv_.notify_all();
+        return;
+      }
+      case v1::UpMessage::kFailure: {
+        const auto& f = m.failure();
+        Fail(absl::Status(static_cast<absl::StatusCode>(f.code()),
+                          absl::StrCat("worker ", f.block(), " (", f.address(),
+                                       ") failed: ", f.message())));
+        return;
+      }
+      default:
+        return;
+    }
+  }
+
+  void Push(EngineEvent e) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      events_.push_back(std::move(e));
+    }
+    cv_.notify_all();
+  }
+
+  void OnStreamDone(const grpc::Status& s) {
+    bool closing;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stream_done_ = true;
+      closing = closing_;
+    }
+    if (!closing || !s.ok()) {
+      // A failure message from below, if any, already named the culprit.
+      Fail(absl::UnavailableError(absl::StrCat(
+          "worker 0 (", peers_[0].address, "): stream ended: ",
+          s.ok() ? std::string("closed by the worker") : s.error_message())));
+    }
+    cv_.notify_all();
+  }
+
+  const v1::RunConfig config_;
+  const DataShape shape_;
+  const ClusterOptions options_;
+  std::string run_id_;
+  int64_t max_bytes_ = 0;
+  std::vector<Peer> peers_;
+  std::shared_ptr<StreamClient> stream_;
+  int64_t next_eval_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<EngineEvent> events_;
+  std::map<int64_t, std::vector<v1::EvalResult>> evals_;
+  absl::Status error_;
+  bool closing_ = false;
+  bool stream_done_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(
+    const v1::RunConfig& config, const DataShape& shape,
+    const ClusterOptions& options) {
+  auto engine = std::make_unique<ClusterEngine>(config, shape, options);
+  RETURN_IF_ERROR(engine->Init());
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace interlock

@@ -1,0 +1,32 @@
+// The cluster engine: drives a chain of interlock-worker services over gRPC.
+// It configures each worker with its block, streams micro-batches into
+// block 0 and receives completions, step reports, evaluation results and
+// failures from block 0's upward stream.
+#ifndef INTERLOCK_COORDINATOR_CLUSTER_ENGINE_H_
+#define INTERLOCK_COORDINATOR_CLUSTER_ENGINE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/engine.h"
+#include "proto/config.pb.h"
+
+namespace interlock {
+
+struct ClusterOptions {
+  std::vector<std::string> workers;  // one address per block, in order
+  absl::Duration rpc_deadline = absl::Seconds(120);
+  // No event for this long stops the run (a stalled chain never hangs).
+  absl::Duration stall_timeout = absl::Seconds(600);
+};
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(
+    const interlock::v1::RunConfig& config, const DataShape& shape,
+    const ClusterOptions& options);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_CLUSTER_ENGINE_H_

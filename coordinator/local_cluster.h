@@ -1,0 +1,54 @@
+// Starts K interlock-worker processes on free loopback ports for
+// `interlock train --engine cluster` without --workers, and stops them: on
+// Stop(), on destruction, and (through PR_SET_PDEATHSIG) when this process
+// dies, so no worker is left behind.
+#ifndef INTERLOCK_COORDINATOR_LOCAL_CLUSTER_H_
+#define INTERLOCK_COORDINATOR_LOCAL_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace interlock {
+
+class LocalCluster {
+ public:
+  struct Worker {
+    pid_t pid = -1;
+    int port = 0;
+    int metrics_port = -1;
+    std::string address;
+    std::string log_path;
+  };
+
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Launch(
+      int workers, const std::string& worker_binary,
+      absl::Duration timeout = absl::Seconds(30));
+  ~LocalCluster();
+
+  const std::vector<Worker>& workers() const { return workers_; }
+  std::vector<std::string> addresses() const;
+  // SIGTERM, then SIGKILL after `grace`; safe to call from several threads.
+  void Stop(absl::Duration grace = absl::Seconds(5));
+
+ private:
+  LocalCluster() = default;
+  std::string dir_;
+  std::vector<Worker> workers_;
+  std::mutex mu_;
+  bool stopped_ = false;
+};
+
+// The interlock-worker binary next to this executable (or in the build
+// tree's worker/ folder).
+std::string DefaultWorkerBinary();
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_LOCAL_CLUSTER_H_

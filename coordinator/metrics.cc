@@ -1,0 +1,77 @@
+#include "coordinator/metrics.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace interlock {
+
+absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
+    const std::string& host, int port, const std::string& mode) {
+  std::unique_ptr<CoordinatorMetrics> m(new CoordinatorMetrics());
+  m->mode_ = mode;
+  m->registry_ = std::make_shared<prometheus::Registry>();
+  auto& r = *m->registry_;
+  const std::map<std::string, std::string> labels = {{"mode", mode}};
+  m->step_ = &prometheus::BuildGauge()
+                  .Name("interlock_coordinator_step")
+                  .Help("Optimizer steps completed by the whole chain")
+                  .Register(r)
+                  .Add(labels);
+  m->samples_per_second_ = &prometheus::BuildGauge()
+                                .Name("interlock_coordinator_samples_per_second")
+                                .Help("Training throughput since the run began")
+                                .Register(r)
+                                .Add(labels);
+  m->microbatches_ = &prometheus::BuildCounter()
+                          .Name("interlock_coordinator_microbatches_total")
+                          .Help("Micro-batches finished by every block")
+                          .Register(r)
+                          .Add(labels);
+  m->loss_family_ = &prometheus::BuildGauge()
+                         .Name("interlock_coordinator_head_loss")
+                         .Help("Training loss of each head, mean of last step")
+                         .Register(r);
+  m->accuracy_family_ = &prometheus::BuildGauge()
+                             .Name("interlock_coordinator_eval_accuracy_ratio")
+                             .Help("Test accuracy of each head at evaluation")
+                             .Register(r);
+  m->eval_loss_family_ = &prometheus::BuildGauge()
+                              .Name("interlock_coordinator_eval_loss")
+                              .Help("Test loss of each head at evaluation")
+                              .Register(r);
+  auto exposer = HttpExposer::Start(host, port, m->registry_);
+  if (!exposer.ok()) return exposer.status();
+  m->exposer_ = std::move(*exposer);
+  m->port_ = m->exposer_->port();
+  return m;
+}
+
+prometheus::Gauge& CoordinatorMetrics::PerBlock(
+    prometheus::Family<prometheus::Gauge>* family,
+    std::map<int, prometheus::Gauge*>& cache, int block) {
+  auto it = cache.find(block);
+  if (it != cache.end()) return *it->second;
+  auto& g = family->Add({{"block", std::to_string(block)}, {"mode", mode_}});
+  cache[block] = &g;
+  return g;
+}
+
+void CoordinatorMetrics::OnStep(int64_t step, const std::vector<double>& losses,
+                                double sps, int microbatches) {
+  step_->Set(static_cast<double>(step + 1));
+  samples_per_second_->Set(sps);
+  microbatches_->Increment(microbatches);
+  for (size_t k = 0; k < losses.size(); ++k) {
+    if (std::isfinite(losses[k])) {
+      PerBlock(loss_family_, loss_, static_cast<int>(k)).Set(losses[k]);
+    }
+  }
+}
+
+void CoordinatorMetrics::OnEval(int block, double accuracy, double loss) {
+  PerBlock(accuracy_family_, accuracy_, block).Set(accuracy);
+  PerBlock(eval_loss_family_, eval_loss_, block).Set(loss);
+}
+
+}  // namespace interlock

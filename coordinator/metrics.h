@@ -1,0 +1,52 @@
+// The coordinator's Prometheus metrics: run progress, loss per head,
+// throughput and evaluation accuracy per head.
+#ifndef INTERLOCK_COORDINATOR_METRICS_H_
+#define INTERLOCK_COORDINATOR_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "metrics/http_exposer.h"
+
+namespace interlock {
+
+class CoordinatorMetrics {
+ public:
+  // Serves /metrics on host:port (port 0: any free port).
+  static absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> Serve(
+      const std::string& host, int port, const std::string& mode);
+  int port() const { return port_; }
+
+  void OnStep(int64_t step, const std::vector<double>& losses,
+              double samples_per_second, int microbatches);
+  void OnEval(int block, double accuracy, double loss);
+
+ private:
+  CoordinatorMetrics() = default;
+  prometheus::Gauge& PerBlock(prometheus::Family<prometheus::Gauge>* family,
+                              std::map<int, prometheus::Gauge*>& cache,
+                              int block);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<HttpExposer> exposer_;
+  int port_ = 0;
+  std::string mode_;
+  prometheus::Gauge* step_ = nullptr;
+  prometheus::Gauge* samples_per_second_ = nullptr;
+  prometheus::Counter* microbatches_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* loss_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* accuracy_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* eval_loss_family_ = nullptr;
+  std::map<int, prometheus::Gauge*> loss_, accuracy_, eval_loss_;
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_METRICS_H_

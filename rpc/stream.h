@@ -1,0 +1,64 @@
+// Client side of a Worker.Stream link (coordinator -> block 0, block k ->
+// block k+1): a callback-API reactor with a write queue, so callers never
+// block and only one write is in flight at a time.
+#ifndef INTERLOCK_RPC_STREAM_H_
+#define INTERLOCK_RPC_STREAM_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "proto/worker.grpc.pb.h"
+
+namespace interlock {
+
+class StreamClient
+    : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
+                                     interlock::v1::UpMessage> {
+ public:
+  struct Handlers {
+    // Called on a gRPC thread for every message read; must not block.
+    std::function<void(interlock::v1::UpMessage)> on_message;
+    // Called once when the stream has ended (after CloseWrites, an error, or
+    // the peer going away).
+    std::function<void(const grpc::Status&)> on_done;
+    std::function<void(size_t bytes)> on_sent;
+  };
+
+  // Opens the stream. The returned object stays alive until on_done ran and
+  // the caller dropped its reference.
+  static std::shared_ptr<StreamClient> Open(interlock::v1::Worker::Stub* stub,
+                                            Handlers handlers);
+
+  void Send(interlock::v1::DownMessage msg);
+  // Half-closes: the peer sees the end of its reads and finishes.
+  void CloseWrites();
+  void Cancel() { ctx_.TryCancel(); }
+  size_t queued() const;
+
+  void OnWriteDone(bool ok) override;
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& s) override;
+
+ private:
+  explicit StreamClient(Handlers h) : handlers_(std::move(h)) {}
+  void MaybeWriteLocked();
+
+  Handlers handlers_;
+  grpc::ClientContext ctx_;
+  interlock::v1::UpMessage incoming_;
+  mutable std::mutex mu_;
+  std::deque<interlock::v1::DownMessage> queue_;
+  bool writing_ = false;
+  bool close_requested_ = false;
+  bool closed_ = false;
+  bool done_ = false;
+  std::shared_ptr<StreamClient> self_;  // keeps the reactor alive until OnDone
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_RPC_STREAM_H_

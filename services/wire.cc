@@ -1,0 +1,208 @@
+#include "services/wire.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/status_macros.h"
+
+namespace interlock {
+namespace {
+
+using WireTensor = interlock::v1::Tensor;
+
+bool ToScalarType(WireTensor::DType d, torch::ScalarType* out) {
+  switch (d) {
+    case WireTensor::FLOAT32:
+      *out = torch::kFloat32;
+      return true;
+    case WireTensor::FLOAT64:
+      *out = torch::kFloat64;
+      return true;
+    case WireTensor::INT64:
+      *out = torch::kInt64;
+      return true;
+    case WireTensor::INT32:
+      *out = torch::kInt32;
+      return true;
+    case WireTensor::UINT8:
+      *out = torch::kUInt8;
+      return true;
+    default:
+      return false;
+  }
+}
+
+WireTensor::DType ToWire(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32:
+      return WireTensor::FLOAT32;
+    case torch::kFloat64:
+      return WireTensor::FLOAT64;
+    case torch::kInt64:
+      return WireTensor::INT64;
+    case torch::kInt32:
+      return WireTensor::INT32;
+    case torch::kUInt8:
+      return WireTensor::UINT8;
+    default:
+      return WireTensor::DTYPE_UNSPECIFIED;
+  }
+}
+
+std::string ShapeString(c10::IntArrayRef s) {
+  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+}
+
+}  // namespace
+
+void EncodeTensor(const torch::Tensor& t_in, WireTensor* out) {
+  // x86-64 and aarch64 are little-endian, the wire order.
+  const torch::Tensor t = t_in.detach().cpu().contiguous();
+  out->set_dtype(ToWire(t.scalar_type()));
+  out->clear_shape();
+  for (int64_t d : t.sizes()) out->add_shape(d);
+  out->set_data(t.data_ptr(), t.numel() * t.element_size());
+}
+
+absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
+                                           const std::string& what,
+                                           const TensorLimits& limits) {
+  torch::ScalarType type;
+  if (!ToScalarType(w.dtype(), &type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": unknown dtype ", static_cast<int>(w.dtype())));
+  }
+  if (w.shape_size() > limits.max_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": rank ", w.shape_size(), " exceeds the limit ",
+        limits.max_rank));
+  }
+  int64_t elements = 1;
+  std::vector<int64_t> shape;
+  for (int i = 0; i < w.shape_size(); ++i) {
+    const int64_t d = w.shape(i);
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dimension ", i, " is negative (", d, ")"));
+    }
+    if (d > 0 && elements > limits.max_elements / d) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": element count overflows the limit ", limits.max_elements));
+    }
+    elements *= d;
+    shape.push_back(d);
+  }
+  const int64_t item = static_cast<int64_t>(c10::elementSize(type));
+  const int64_t bytes = elements * item;
+  if (static_cast<int64_t>(w.data().size()) != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", w.data().size(), " data bytes, expected ", bytes, " (",
+        elements, " elements of ", item, " bytes)"));
+  }
+  torch::Tensor t = torch::empty(shape, torch::dtype(type));
+  if (bytes > 0) std::memcpy(t.data_ptr(), w.data().data(), bytes);
+  return t;
+}
+
+absl::Status ExpectTensor(const torch::Tensor& t, torch::ScalarType dtype,
+                          c10::IntArrayRef shape, const std::string& what) {
+  if (t.scalar_type() != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dtype ", c10::toString(t.scalar_type()),
+                     ", expected ", c10::toString(dtype)));
+  }
+  if (t.dim() != static_cast<int64_t>(shape.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", t.dim(), " (shape ",
+                     ShapeString(t.sizes()), "), expected rank ", shape.size(),
+                     " (shape ", ShapeString(shape), ")"));
+  }
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (t.size(i) != shape[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": dimension ", i, " is ", t.size(i), ", expected ", shape[i],
+          " (shape ", ShapeString(t.sizes()), " vs ", ShapeString(shape), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectFinite(const torch::Tensor& t, const std::string& what) {
+  if (t.is_floating_point() && t.numel() > 0 &&
+      !torch::isfinite(t).all().item<bool>()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": contains NaN or infinite values"));
+  }
+  return absl::OkStatus();
+}
+
+void EncodeUpward(const UpwardMsg& m, interlock::v1::UpwardData* out) {
+  out->set_step(m.step);
+  out->set_microbatch(m.mb);
+  for (const auto& g : m.grads) EncodeTensor(g, out->add_gradients());
+  for (const auto& r : m.reports) {
+    auto* p = out->add_reports();
+    p->set_block(r.block);
+    p->set_loss(r.loss);
+    p->set_correct(r.correct);
+    p->set_count(r.count);
+  }
+  for (const auto& t : m.timings) {
+    auto* p = out->add_timings();
+    p->set_block(t.block);
+    p->set_phase(PhaseName(t.phase));
+    p->set_seconds(t.seconds);
+  }
+}
+
+Phase PhaseFromName(const std::string& name) {
+  if (name == "head") return Phase::kHead;
+  if (name == "backward") return Phase::kBackward;
+  if (name == "optimizer") return Phase::kOptimizer;
+  return Phase::kForward;
+}
+
+absl::StatusOr<UpwardMsg> DecodeUpward(const interlock::v1::UpwardData& d,
+                                       const TensorLimits& limits) {
+  UpwardMsg m;
+  m.step = d.step();
+  m.mb = d.microbatch();
+  for (int i = 0; i < d.gradients_size(); ++i) {
+    ASSIGN_OR_RETURN(torch::Tensor g,
+                     DecodeTensor(d.gradients(i),
+                                  absl::StrCat("gradients[", i, "]"), limits));
+    m.grads.push_back(std::move(g));
+  }
+  for (const auto& r : d.reports()) {
+    m.reports.push_back({r.block(), r.loss(), r.correct(), r.count()});
+  }
+  for (const auto& t : d.timings()) {
+    m.timings.push_back({t.block(), PhaseFromName(t.phase()), t.seconds()});
+  }
+  return m;
+}
+
+void EncodeShape(const DataShape& s, interlock::v1::DataShapeInfo* out) {
+  out->set_is_text(s.is_text);
+  out->set_is_vector(s.is_vector);
+  out->set_channels(s.channels);
+  out->set_height(s.height);
+  out->set_width(s.width);
+  out->set_classes(s.classes);
+  out->set_context(s.context);
+}
+
+DataShape DecodeShape(const interlock::v1::DataShapeInfo& s) {
+  DataShape d;
+  d.is_text = s.is_text();
+  d.is_vector = s.is_vector();
+  d.channels = s.channels();
+  d.height = s.height();
+  d.width = s.width();
+  d.classes = s.classes();
+  d.context = s.context();
+  return d;
+}
+
+}  // namespace interlock

@@ -1,0 +1,50 @@
+// Conversions between LibTorch/engine types and the wire messages, with the
+// checks a worker applies to everything it receives. No gRPC types here.
+#ifndef INTERLOCK_SERVICES_WIRE_H_
+#define INTERLOCK_SERVICES_WIRE_H_
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/worker.pb.h"
+#include "services/data.h"
+#include "services/driver.h"
+
+namespace interlock {
+
+struct TensorLimits {
+  int max_rank = 8;
+  int64_t max_elements = int64_t{1} << 31;
+};
+
+// Copies a tensor into a wire message (contiguous, CPU, little-endian).
+void EncodeTensor(const torch::Tensor& t, interlock::v1::Tensor* out);
+
+// Decodes with every check: known dtype, rank and element caps, non-negative
+// dimensions, element-count overflow, byte length = elements x item size.
+// Errors are INVALID_ARGUMENT naming `what`.
+absl::StatusOr<torch::Tensor> DecodeTensor(const interlock::v1::Tensor& t,
+                                           const std::string& what,
+                                           const TensorLimits& limits = {});
+
+// Checks dtype and exact shape; INVALID_ARGUMENT naming `what` otherwise.
+absl::Status ExpectTensor(const torch::Tensor& t, torch::ScalarType dtype,
+                          c10::IntArrayRef shape, const std::string& what);
+// Refuses NaN and infinities in a floating-point tensor.
+absl::Status ExpectFinite(const torch::Tensor& t, const std::string& what);
+
+void EncodeUpward(const UpwardMsg& m, interlock::v1::UpwardData* out);
+absl::StatusOr<UpwardMsg> DecodeUpward(const interlock::v1::UpwardData& d,
+                                       const TensorLimits& limits = {});
+
+void EncodeShape(const DataShape& s, interlock::v1::DataShapeInfo* out);
+DataShape DecodeShape(const interlock::v1::DataShapeInfo& s);
+
+Phase PhaseFromName(const std::string& name);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_SERVICES_WIRE_H_

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# In-process step-time benchmark (issue "Foundation"; results in
+# docs/BENCHMARKS.md). A benchmark, not a test: it is not part of ctest.
+#
+# For every config and mode it runs
+#   interlock train --config C <mode flags> --threads-per-block T
+#       --schedule sequential --quiet --steps N --out DIR
+# with OMP_NUM_THREADS=T OPENBLAS_NUM_THREADS=T, in ROUNDS rounds that each run
+# every (config, mode) once, rotating the mode order from round to round, so
+# that noise from other users of the machine falls on all modes alike. It then
+# prints Markdown tables of the median step time (tests/bench/step_time_stats.py).
+#
+# Settings (environment variables):
+#   STEPS=25     optimizer steps per run
+#   ROUNDS=3     rounds
+#   WARMUP=5     leading steps of every run left out of the statistics
+#   THREADS=1    LibTorch intra-op threads per block
+#   MODES="e2e 1 2 2sum 3 4"   e2e, n (FURTHEST rule) or nsum (SUM rule)
+#   CONFIGS="fmnist ref"       fmnist = configs/fmnist_resnet_k4.pbtxt,
+#                              ref = configs/bench/resnet_ref_k4.pbtxt, or paths
+#   INTERLOCK=build/coordinator/interlock
+#   KEEP=DIR     keep the run folders and runs.tsv in DIR (default: a temporary
+#                folder, removed at the end)
+#
+# The FASHION_MNIST config is run from a copy with `max_test: 500` added to its
+# data section: only the end-of-run evaluation shrinks (from 10,000 test images),
+# which is outside the timed steps; training and the model are unchanged.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+
+STEPS=${STEPS:-25}
+ROUNDS=${ROUNDS:-3}
+WARMUP=${WARMUP:-5}
+THREADS=${THREADS:-1}
+MODES=${MODES:-"e2e 1 2 2sum 3 4"}
+CONFIGS=${CONFIGS:-"fmnist ref"}
+INTERLOCK=${INTERLOCK:-build/coordinator/interlock}
+
+if [[ ! -x "$INTERLOCK" ]]; then
+  echo "step_time.sh: $INTERLOCK not found; run 'make build' first" >&2
+  exit 2
+fi
+if (( STEPS < WARMUP + 3 )); then
+  echo "step_time.sh: STEPS=$STEPS leaves no timed steps after WARMUP=$WARMUP" >&2
+  exit 2
+fi
+
+if [[ -n "${KEEP:-}" ]]; then
+  work=$KEEP
+  mkdir -p "$work"
+else
+  work=$(mktemp -d "${TMPDIR:-/tmp}/interlock-bench.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+fi
+: >"$work/runs.tsv"
+
+# Resolve config names to files; the FASHION_MNIST one gets a smaller test set.
+declare -A config_file config_name
+for c in $CONFIGS; do
+  case $c in
+    fmnist)
+      f="$work/fmnist_resnet_k4.pbtxt"
+      sed 's/data { kind: FASHION_MNIST }/data { kind: FASHION_MNIST max_test: 500 }/' \
+        configs/fmnist_resnet_k4.pbtxt >"$f"
+      if ! grep -q 'max_test: 500' "$f"; then
+        cp configs/fmnist_resnet_k4.pbtxt "$f"  # Layout changed: run as is.
+      fi
+      config_file[$c]=$f
+      config_name[$c]=fmnist_resnet_k4
+      ;;
+    ref)
+      config_file[$c]=configs/bench/resnet_ref_k4.pbtxt
+      config_name[$c]=resnet_ref_k4
+      ;;
+    *)
+      config_file[$c]=$c
+      config_name[$c]=$(basename "$c" .pbtxt)
+      ;;
+  esac
+done
+
+mode_flags() {
+  case $1 in
+    e2e) echo "--mode e2e" ;;
+    *sum) echo "--mode interlock --n ${1%sum} --rule sum" ;;
+    *) echo "--mode interlock --n $1 --rule furthest" ;;
+  esac
+}
+
+# Microseconds some task waited for a CPU (Linux PSI), or empty.
+cpu_stall_us() {
+  if [[ -r /proc/pressure/cpu ]]; then
+    sed -n 's/^some .*total=\([0-9]*\).*/\1/p' /proc/pressure/cpu
+  fi
+}
+
+now_us() { date +%s%6N; }
+
+export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+
+read -r -a mode_list <<<"$MODES"
+nmodes=${#mode_list[@]}
+echo "step_time.sh: $ROUNDS rounds x configs [$CONFIGS] x modes [$MODES]," \
+  "$STEPS steps each, $THREADS thread(s)" >&2
+for ((r = 0; r < ROUNDS; r++)); do
+  for c in $CONFIGS; do
+    for ((i = 0; i < nmodes; i++)); do
+      mode=${mode_list[$(((i + r) % nmodes))]}
+      dir="$work/${config_name[$c]}.$mode.r$r"
+      # shellcheck disable=SC2046
+      set -- $(mode_flags "$mode")
+      stall0=$(cpu_stall_us)
+      t0=$(now_us)
+      if ! "$INTERLOCK" train --config "${config_file[$c]}" "$@" \
+          --threads-per-block "$THREADS" --schedule sequential --quiet \
+          --steps "$STEPS" --out "$dir" >"$dir.log" 2>&1; then
+        echo "step_time.sh: run failed: ${config_name[$c]} $mode (log below)" >&2
+        cat "$dir.log" >&2
+        exit 1
+      fi
+      t1=$(now_us)
+      stall1=$(cpu_stall_us)
+      stall=""
+      if [[ -n "$stall0" && -n "$stall1" ]]; then stall=$((stall1 - stall0)); fi
+      printf '%s\t%s\t%d\t%s\t%s\t%d\n' "${config_name[$c]}" "$mode" "$r" \
+        "$dir" "$stall" "$((t1 - t0))" >>"$work/runs.tsv"
+      echo "  round $((r + 1))/$ROUNDS ${config_name[$c]} $mode:" \
+        "$(((t1 - t0) / 1000)) ms" >&2
+    done
+  done
+done
+
+echo
+echo "Median step time, batch from the config, $THREADS thread(s)," \
+  "sequential schedule, $ROUNDS rounds x $STEPS steps (first $WARMUP dropped)."
+echo
+python3 tests/bench/step_time_stats.py --warmup "$WARMUP" "$work"

@@ -1,0 +1,616 @@
+// The cluster engine against real interlock-worker processes on loopback:
+// bitwise equality with the in-process engine, hostile input, a worker
+// killed mid-run, metrics, graceful shutdown.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "coordinator/train.h"
+#include "proto/worker.grpc.pb.h"
+#include "services/config.h"
+#include "services/wire.h"
+#include "tests/cluster_util.h"
+#include "tests/test_util.h"
+
+namespace interlock {
+namespace {
+
+namespace v1 = interlock::v1;
+using interlock::testing::HttpGet;
+using interlock::testing::MetricSum;
+using interlock::testing::StartWorker;
+using interlock::testing::StopWorker;
+using interlock::testing::WorkerProcess;
+
+const std::string kWorker = INTERLOCK_WORKER;
+const std::string kCli = INTERLOCK_CLI;
+const std::string kSrc = INTERLOCK_SOURCE_DIR;
+
+std::string MakeTempDir(const std::string& tag) {
+  std::string tmpl = "/tmp/interlock-" + tag + "-XXXXXX";
+  return mkdtemp(tmpl.data());
+}
+
+v1::RunConfig Parse(const std::string& text) {
+  auto c = ParseRunConfig(text, "test");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+constexpr char kResNet[] = R"pb(
+  name: "resnet"
+  model { resnet { architecture: "8,1/16,1/16,1" } head: "conv8_bn_gbpl_fc" }
+  data {
+    kind: SYNTHETIC_IMAGES
+    synthetic_shape: [3, 12, 12]
+    synthetic_classes: 4
+    synthetic_train: 256
+    synthetic_test: 32
+  }
+  optimizer { kind: SGD momentum: 0.9 nesterov: true weight_decay: 0.0005 }
+  schedule { kind: COSINE lr: 0.05 warmup_steps: 2 }
+  training { batch_size: 16 steps: 10 seed: 11 }
+)pb";
+
+constexpr char kTransformer[] = R"pb(
+  name: "gpt"
+  model { transformer { d_model: 16 layers: 3 heads: 2 context: 12 } head: "ln_fc" }
+  data { kind: SYNTHETIC_TEXT }
+  optimizer { kind: ADAMW weight_decay: 0.01 }
+  schedule { kind: COSINE lr: 0.003 warmup_steps: 2 }
+  training { batch_size: 8 steps: 10 seed: 5 eval_batch_size: 32 }
+)pb";
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(MakeTempDir("cluster"));
+    workers_ = new std::vector<WorkerProcess>();
+    for (int k = 0; k < 4; ++k) {
+      workers_->push_back(StartWorker(kWorker, *dir_, k));
+    }
+  }
+  static void TearDownTestSuite() {
+    for (auto& w : *workers_) {
+      kill(w.pid, SIGTERM);
+      int status = 0;
+      waitpid(w.pid, &status, 0);
+      // Graceful shutdown on SIGTERM exits 0.
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    }
+    std::filesystem::remove_all(*dir_);
+    delete workers_;
+    delete dir_;
+  }
+  static std::vector<std::string> Addresses(int k) {
+    std::vector<std::string> out;
+    for (int i = 0; i < k; ++i) out.push_back((*workers_)[i].address());
+    return out;
+  }
+  static std::string* dir_;
+  static std::vector<WorkerProcess>* workers_;
+};
+std::string* ClusterTest::dir_ = nullptr;
+std::vector<WorkerProcess>* ClusterTest::workers_ = nullptr;
+
+// Every mode of DESIGN §1 gives the same parameters, bit for bit, in one
+// process and across worker processes (one intra-op thread per block).
+void CompareEngines(const char* text, int k, const std::string& partition,
+                    const std::vector<std::string>& workers) {
+  struct Mode {
+    v1::TrainingSpec::Mode mode;
+    int n;
+    v1::TrainingSpec::Rule rule;
+  };
+  const std::vector<Mode> modes = {{v1::TrainingSpec::E2E, 1, v1::TrainingSpec::FURTHEST},
+                                   {v1::TrainingSpec::INTERLOCK, 1, v1::TrainingSpec::FURTHEST},
+                                   {v1::TrainingSpec::INTERLOCK, 2, v1::TrainingSpec::FURTHEST},
+                                   {v1::TrainingSpec::INTERLOCK, 3, v1::TrainingSpec::FURTHEST},
+                                   {v1::TrainingSpec::INTERLOCK, 2, v1::TrainingSpec::SUM}};
+  for (int m : {1, 4}) {
+    for (const Mode& mode : modes) {
+      v1::RunConfig c = Parse(text);
+      c.mutable_model()->set_partition(partition);
+      c.mutable_training()->set_mode(mode.mode);
+      c.mutable_training()->set_n(mode.n);
+      c.mutable_training()->set_rule(mode.rule);
+      c.mutable_training()->set_microbatches(m);
+      SCOPED_TRACE(::testing::Message()
+                   << c.name() << " K=" << k << " M=" << m << " mode="
+                   << mode.mode << " n=" << mode.n << " rule=" << mode.rule);
+      TrainOptions local;
+      local.quiet = true;
+      auto a = Train(c, local);
+      ASSERT_TRUE(a.ok()) << a.status();
+      TrainOptions cluster = local;
+      cluster.engine = EngineKind::kCluster;
+      cluster.workers = workers;
+      auto b = Train(c, cluster);
+      ASSERT_TRUE(b.ok()) << b.status();
+      ASSERT_EQ(a->block_digests.size(), static_cast<size_t>(k));
+      EXPECT_EQ(a->block_digests, b->block_digests);
+      EXPECT_EQ(a->head_digests, b->head_digests);
+      ASSERT_EQ(a->eval.size(), b->eval.size());
+      for (size_t i = 0; i < a->eval.size(); ++i) {
+        EXPECT_EQ(a->eval[i].loss, b->eval[i].loss);
+        EXPECT_EQ(a->eval[i].accuracy, b->eval[i].accuracy);
+      }
+    }
+  }
+}
+
+TEST_F(ClusterTest, ResNetK3BitwiseEqualsInProcess) {
+  CompareEngines(kResNet, 3, "2,1,rest", Addresses(3));
+}
+TEST_F(ClusterTest, ResNetK4BitwiseEqualsInProcess) {
+  CompareEngines(kResNet, 4, "2,1,1,rest", Addresses(4));
+}
+TEST_F(ClusterTest, TransformerK3BitwiseEqualsInProcess) {
+  CompareEngines(kTransformer, 3, "2,1,rest", Addresses(3));
+}
+TEST_F(ClusterTest, TransformerK4BitwiseEqualsInProcess) {
+  CompareEngines(kTransformer, 4, "2,1,1,rest", Addresses(4));
+}
+
+TEST_F(ClusterTest, WrongWorkerCountIsRefused) {
+  v1::RunConfig c = Parse(kResNet);
+  c.mutable_model()->set_partition("2,1,rest");
+  TrainOptions o;
+  o.quiet = true;
+  o.engine = EngineKind::kCluster;
+  o.workers = Addresses(2);
+  auto r = Train(c, o);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--workers"), std::string::npos);
+}
+
+// --- Hostile and malformed input straight at a worker's stream. -----------
+
+constexpr char kOneBlock[] = R"pb(
+  model { resnet { architecture: "8,1" } partition: "rest" }
+  data { kind: SYNTHETIC_IMAGES synthetic_shape: [3, 8, 8] synthetic_classes: 4 }
+  training { mode: INTERLOCK n: 1 batch_size: 4 microbatches: 2 }
+)pb";
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("bad");
+    worker_ = StartWorker(kWorker, dir_, 0);
+    ASSERT_GT(worker_.port, 0);
+    stub_ = v1::Worker::NewStub(grpc::CreateChannel(
+        worker_.address(), grpc::InsecureChannelCredentials()));
+    Configure("run-1");
+  }
+  void TearDown() override {
+    StopWorker(worker_);
+    std::filesystem::remove_all(dir_);
+  }
+
+  void Configure(const std::string& run_id) {
+    v1::ConfigureRequest req;
+    req.set_run_id(run_id);
+    req.set_generation(1);
+    *req.mutable_config() = Parse(kOneBlock);
+    req.set_block(0);
+    req.set_num_blocks(1);
+    auto* s = req.mutable_shape();
+    s->set_channels(3);
+    s->set_height(8);
+    s->set_width(8);
+    s->set_classes(4);
+    req.set_max_message_bytes(1 << 20);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::ConfigureResponse resp;
+    grpc::Status st = stub_->Configure(&ctx, req, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    run_id_ = run_id;
+    step_ = 0;
+    mb_ = 0;
+  }
+
+  v1::DownMessage Valid() {
+    v1::DownMessage m;
+    m.mutable_header()->set_run_id(run_id_);
+    m.mutable_header()->set_generation(1);
+    auto* f = m.mutable_forward();
+    f->set_step(step_);
+    f->set_microbatch(mb_);
+    f->set_microbatches(2);
+    f->set_learning_rate(0.1);
+    EncodeTensor(torch::rand({2, 3, 8, 8}), f->mutable_input());
+    EncodeTensor(torch::tensor({1, 3}, torch::kInt64), f->mutable_target());
+    return m;
+  }
+
+  // Sends one message on a fresh stream; returns the stream's final status
+  // and, if one came, the first reply.
+  grpc::Status SendOnce(const v1::DownMessage& m, v1::UpMessage* reply) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stream = stub_->Stream(&ctx);
+    stream->Write(m);
+    v1::UpMessage first;
+    const bool got = stream->Read(&first);
+    if (got && reply) *reply = first;
+    stream->WritesDone();
+    v1::UpMessage rest;
+    while (stream->Read(&rest)) {
+    }
+    return stream->Finish();
+  }
+
+  // A valid micro-batch is processed: the worker still serves.
+  void ExpectServes() {
+    v1::UpMessage reply;
+    grpc::Status s = SendOnce(Valid(), &reply);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_TRUE(reply.has_upward());
+    EXPECT_EQ(reply.upward().step(), step_);
+    EXPECT_EQ(reply.upward().microbatch(), mb_);
+    if (++mb_ == 2) {
+      mb_ = 0;
+      ++step_;
+    }
+  }
+
+  void ExpectRefused(const v1::DownMessage& m, grpc::StatusCode code,
+                     const std::string& fragment) {
+    grpc::Status s = SendOnce(m, nullptr);
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    EXPECT_NE(s.error_message().find(fragment), std::string::npos)
+        << "'" << s.error_message() << "' lacks '" << fragment << "'";
+    ExpectServes();
+  }
+
+  std::string dir_;
+  WorkerProcess worker_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+  std::string run_id_;
+  int64_t step_ = 0;
+  int mb_ = 0;
+};
+
+TEST_F(BadInputTest, EveryMalformedTensorIsRefusedAndWorkerKeepsServing) {
+  ExpectServes();
+  const auto invalid = grpc::StatusCode::INVALID_ARGUMENT;
+  {
+    auto m = Valid();
+    EncodeTensor(torch::zeros({2, 3, 8, 8}, torch::kInt64),
+                 m.mutable_forward()->mutable_input());
+    ExpectRefused(m, invalid, "dtype");
+  }
+  {
+    auto m = Valid();
+    EncodeTensor(torch::zeros({2, 3, 64}), m.mutable_forward()->mutable_input());
+    ExpectRefused(m, invalid, "rank 3");
+  }
+  {
+    auto m = Valid();
+    EncodeTensor(torch::zeros({2, 3, 8, 9}), m.mutable_forward()->mutable_input());
+    ExpectRefused(m, invalid, "dimension 3 is 9, expected 8");
+  }
+  {
+    auto m = Valid();
+    EncodeTensor(torch::zeros({3, 3, 8, 8}), m.mutable_forward()->mutable_input());
+    ExpectRefused(m, invalid, "dimension 0 is 3, expected 2");
+  }
+  {
+    auto m = Valid();
+    m.mutable_forward()->mutable_input()->mutable_data()->resize(100);
+    ExpectRefused(m, invalid, "data bytes");
+  }
+  {
+    auto m = Valid();
+    m.mutable_forward()->mutable_input()->set_shape(1, -3);
+    ExpectRefused(m, invalid, "negative");
+  }
+  {
+    auto m = Valid();
+    auto* in = m.mutable_forward()->mutable_input();
+    in->clear_shape();
+    for (int i = 0; i < 4; ++i) in->add_shape(int64_t{1} << 20);
+    ExpectRefused(m, invalid, "overflow");
+  }
+  {
+    auto m = Valid();
+    auto* in = m.mutable_forward()->mutable_input();
+    in->clear_shape();
+    for (int i = 0; i < 9; ++i) in->add_shape(1);
+    ExpectRefused(m, invalid, "rank 9 exceeds");
+  }
+  {
+    auto m = Valid();
+    m.mutable_forward()->mutable_input()->set_dtype(
+        static_cast<v1::Tensor::DType>(42));
+    ExpectRefused(m, invalid, "unknown dtype");
+  }
+  {
+    auto m = Valid();
+    auto x = torch::rand({2, 3, 8, 8});
+    x[1][2][3][4] = std::numeric_limits<float>::quiet_NaN();
+    EncodeTensor(x, m.mutable_forward()->mutable_input());
+    ExpectRefused(m, invalid, "NaN");
+  }
+  {
+    auto m = Valid();
+    EncodeTensor(torch::tensor({1, 7}, torch::kInt64),
+                 m.mutable_forward()->mutable_target());
+    ExpectRefused(m, invalid, "target values");
+  }
+  {
+    auto m = Valid();
+    m.mutable_forward()->set_microbatch(5);
+    ExpectRefused(m, invalid, "micro-batch index");
+  }
+  {
+    auto m = Valid();
+    m.mutable_forward()->set_microbatches(3);
+    ExpectRefused(m, invalid, "microbatches 3");
+  }
+  {
+    auto m = Valid();
+    m.mutable_forward()->set_learning_rate(std::numeric_limits<double>::infinity());
+    ExpectRefused(m, invalid, "learning rate");
+  }
+  {
+    auto m = Valid();
+    m.mutable_header()->mutable_route()->set_block(2);
+    ExpectRefused(m, invalid, "routed to block 2");
+  }
+  {
+    auto m = Valid();
+    m.mutable_header()->set_run_id("someone-else");
+    ExpectRefused(m, grpc::StatusCode::FAILED_PRECONDITION, "someone-else");
+  }
+  {
+    // Step 0 is long done: a replay is stale.
+    auto m = Valid();
+    m.mutable_forward()->set_step(0);
+    m.mutable_forward()->set_microbatch(0);
+    ExpectRefused(m, grpc::StatusCode::FAILED_PRECONDITION, "stale");
+  }
+  // And a following valid run works.
+  Configure("run-2");
+  ExpectServes();
+  ExpectServes();
+}
+
+TEST_F(BadInputTest, HealthIsServingOnlyOnceConfigured) {
+  WorkerProcess fresh = StartWorker(kWorker, dir_, 9);
+  auto status = [&](const WorkerProcess& w) {
+    // The health service's wire format: Check(HealthCheckRequest{service})
+    // returns HealthCheckResponse{status}; SERVING = 1, NOT_SERVING = 2.
+    auto channel = grpc::CreateChannel(w.address(),
+                                       grpc::InsecureChannelCredentials());
+    grpc::GenericStub generic(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::ByteBuffer request, response;
+    grpc::Slice empty("", 0);
+    request = grpc::ByteBuffer(&empty, 1);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status result;
+    generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check",
+                      grpc::StubOptions(), &request, &response,
+                      [&](grpc::Status s) {
+                        std::lock_guard<std::mutex> l(mu);
+                        result = s;
+                        done = true;
+                        cv.notify_all();
+                      });
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return done; });
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (result.ok() && response.Dump(&slices).ok()) {
+      for (auto& s : slices) {
+        bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+    }
+    // field 1, varint: 0x08 then the enum value.
+    return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
+  };
+  EXPECT_EQ(status(fresh), 2);    // NOT_SERVING: nothing configured yet
+  EXPECT_EQ(status(worker_), 1);  // SERVING: configured in SetUp
+  StopWorker(fresh);
+}
+
+// --- Failures and metrics with the CLI as the coordinator. ---------------
+
+struct Child {
+  pid_t pid = -1;
+  std::string log;
+};
+
+Child StartCli(const std::vector<std::string>& args, const std::string& log) {
+  Child c;
+  c.log = log;
+  c.pid = fork();
+  if (c.pid == 0) {
+    freopen(log.c_str(), "w", stdout);
+    dup2(fileno(stdout), fileno(stderr));
+    std::vector<char*> argv;
+    std::vector<std::string> all = {kCli};
+    all.insert(all.end(), args.begin(), args.end());
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(kCli.c_str(), argv.data());
+    _exit(127);
+  }
+  return c;
+}
+
+int LinesIn(const std::string& path) {
+  std::ifstream in(path);
+  int n = 0;
+  std::string line;
+  while (std::getline(in, line)) ++n;
+  return n;
+}
+
+// Waits up to `seconds` for the child; returns its exit code or -1.
+int WaitExit(pid_t pid, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(int(seconds * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::stringstream ss;
+  ss << std::ifstream(path).rdbuf();
+  return ss.str();
+}
+
+TEST(ClusterFailure, KilledWorkerStopsTheRunNamingIt) {
+  const std::string dir = MakeTempDir("kill");
+  std::vector<WorkerProcess> w;
+  for (int k = 0; k < 3; ++k) w.push_back(StartWorker(kWorker, dir, k));
+  const std::string addrs =
+      w[0].address() + "," + w[1].address() + "," + w[2].address();
+  Child cli = StartCli({"train", "--quiet", "--engine=cluster",
+                        "--workers=" + addrs, "--config=" + kSrc +
+                        "/configs/tests/tiny_resnet.pbtxt",
+                        "--steps=100000", "--out=" + dir + "/out"},
+                       dir + "/cli.log");
+  for (int i = 0; i < 600 && LinesIn(dir + "/out/metrics.jsonl") < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(LinesIn(dir + "/out/metrics.jsonl"), 3) << ReadFile(cli.log);
+  StopWorker(w[1], SIGKILL);
+  const int code = WaitExit(cli.pid, 30);
+  if (code == -1) kill(cli.pid, SIGKILL);
+  EXPECT_GT(code, 0) << "the coordinator must exit non-zero within 30 s";
+  const std::string out = ReadFile(cli.log);
+  EXPECT_NE(out.find(w[1].address()), std::string::npos) << out;
+  EXPECT_NE(out.find("worker 1"), std::string::npos) << out;
+  StopWorker(w[0]);
+  StopWorker(w[2]);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ClusterMetrics, EveryProcessExportsItsMetrics) {
+  const std::string dir = MakeTempDir("metrics");
+  std::vector<WorkerProcess> w;
+  for (int k = 0; k < 3; ++k) w.push_back(StartWorker(kWorker, dir, k));
+  // A free port for the coordinator.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int coord_port = ntohs(addr.sin_port);
+  close(fd);
+  const std::string cfg = dir + "/run.pbtxt";
+  std::string text = ReadFile(kSrc + "/configs/tests/tiny_resnet.pbtxt");
+  text.replace(text.find("seed: 1 }"), 9, "seed: 1 eval_every_steps: 5 }");
+  std::ofstream(cfg, std::ios::trunc) << text;
+  Child cli = StartCli(
+      {"train", "--quiet", "--engine=cluster",
+       "--workers=" + w[0].address() + "," + w[1].address() + "," +
+           w[2].address(),
+       "--config=" + cfg, "--steps=100000", "--out=" + dir + "/out",
+       "--metrics_port=" + std::to_string(coord_port)},
+      dir + "/cli.log");
+  for (int i = 0; i < 600 && LinesIn(dir + "/out/metrics.jsonl") < 12; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(LinesIn(dir + "/out/metrics.jsonl"), 12) << ReadFile(cli.log);
+  for (int k = 0; k < 3; ++k) {
+    SCOPED_TRACE("worker " + std::to_string(k));
+    const std::string text = HttpGet(w[k].metrics_port, "/metrics");
+    EXPECT_GT(MetricSum(text, "interlock_worker_microbatches_total"), 0);
+    for (const char* phase : {"forward", "backward", "optimizer"}) {
+      EXPECT_GT(MetricSum(text, "interlock_worker_compute_seconds_count",
+                          std::string("phase=\"") + phase + "\""),
+                0)
+          << phase;
+    }
+    EXPECT_GT(MetricSum(text, "interlock_worker_compute_seconds_sum"), 0);
+    EXPECT_GT(MetricSum(text, "interlock_worker_step"), 0);
+    EXPECT_GT(MetricSum(text, "interlock_worker_head_loss"), 0);
+    EXPECT_GT(MetricSum(text, "interlock_worker_received_bytes_total",
+                        "direction=\"down\""),
+              0);
+    if (k < 2) {
+      // 2-way: blocks 0 and 1 wait for gradients and send activations down.
+      EXPECT_GT(MetricSum(text, "interlock_worker_idle_seconds_total"), 0);
+      EXPECT_GT(MetricSum(text, "interlock_worker_sent_bytes_total",
+                          "direction=\"down\""),
+                0);
+      EXPECT_GT(MetricSum(text, "interlock_worker_received_bytes_total",
+                          "direction=\"up\""),
+                0);
+    }
+    EXPECT_GT(MetricSum(text, "interlock_worker_sent_bytes_total",
+                        "direction=\"up\""),
+              0);
+  }
+  const std::string coord = HttpGet(coord_port, "/metrics");
+  EXPECT_GT(MetricSum(coord, "interlock_coordinator_step"), 0) << coord;
+  EXPECT_GT(MetricSum(coord, "interlock_coordinator_head_loss"), 0);
+  EXPECT_GT(MetricSum(coord, "interlock_coordinator_samples_per_second"), 0);
+  EXPECT_GT(MetricSum(coord, "interlock_coordinator_microbatches_total"), 0);
+  EXPECT_GT(MetricSum(coord, "interlock_coordinator_eval_accuracy_ratio"), 0);
+  kill(cli.pid, SIGTERM);
+  EXPECT_NE(WaitExit(cli.pid, 30), -1);
+  for (auto& x : w) StopWorker(x);
+  std::filesystem::remove_all(dir);
+}
+
+// Ctrl-C on a local cluster stops every worker the CLI started.
+TEST(ClusterLocal, LocalClusterRunsAndLeavesNoOrphans) {
+  const std::string dir = MakeTempDir("local");
+  auto r = interlock::testing::RunCommand(
+      kCli + " train --quiet --engine cluster --steps 6 --config " + kSrc +
+      "/configs/tests/tiny_resnet.pbtxt --out " + dir + "/out");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto in = interlock::testing::RunCommand(
+      kCli + " train --quiet --steps 6 --config " + kSrc +
+      "/configs/tests/tiny_resnet.pbtxt");
+  auto digest = [](const std::string& s) {
+    auto at = s.find("digest ");
+    return at == std::string::npos ? std::string() : s.substr(at, 71);
+  };
+  EXPECT_EQ(digest(r.output), digest(in.output));
+  EXPECT_FALSE(digest(r.output).empty());
+
+  Child cli = StartCli({"train", "--quiet", "--engine=cluster",
+                        "--steps=100000", "--config=" + kSrc +
+                        "/configs/tests/tiny_resnet.pbtxt",
+                        "--out=" + dir + "/out2"},
+                       dir + "/cli.log");
+  for (int i = 0; i < 600 && LinesIn(dir + "/out2/metrics.jsonl") < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // The workers are this CLI's children.
+  auto children = interlock::testing::RunCommand(
+      "pgrep -P " + std::to_string(cli.pid) + " -f interlock-worker | wc -l");
+  EXPECT_EQ(std::stoi(children.output), 3) << children.output;
+  kill(cli.pid, SIGINT);
+  EXPECT_NE(WaitExit(cli.pid, 30), -1);
+  auto left = interlock::testing::RunCommand("pgrep -f 'interlock-worker.*" +
+                                             std::string("interlock-cluster") +
+                                             "' | wc -l");
+  EXPECT_EQ(std::stoi(left.output), 0) << left.output;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace interlock

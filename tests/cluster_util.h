@@ -1,0 +1,107 @@
+// Helpers for integration tests with real worker processes on loopback.
+#ifndef INTERLOCK_TESTS_CLUSTER_UTIL_H_
+#define INTERLOCK_TESTS_CLUSTER_UTIL_H_
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace interlock::testing {
+
+// One interlock-worker process started by a test.
+struct WorkerProcess {
+  pid_t pid = -1;
+  int port = 0;
+  int metrics_port = -1;
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+};
+
+inline WorkerProcess StartWorker(const std::string& binary,
+                                 const std::string& dir, int index) {
+  WorkerProcess w;
+  const std::string port_file = dir + "/w" + std::to_string(index) + ".port";
+  const std::string log = dir + "/w" + std::to_string(index) + ".log";
+  std::filesystem::remove(port_file);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    freopen(log.c_str(), "w", stderr);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    execl(binary.c_str(), binary.c_str(), "--host=127.0.0.1", "--port=0",
+          "--metrics_port=0", ("--port_file=" + port_file).c_str(), nullptr);
+    _exit(127);
+  }
+  w.pid = pid;
+  for (int i = 0; i < 1500; ++i) {
+    std::ifstream in(port_file);
+    if (in >> w.port >> w.metrics_port) return w;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return w;
+}
+
+inline void StopWorker(WorkerProcess& w, int sig = SIGTERM) {
+  if (w.pid <= 0) return;
+  kill(w.pid, sig);
+  int status;
+  waitpid(w.pid, &status, 0);
+  w.pid = -1;
+}
+
+// GET http://127.0.0.1:port/path; returns the body ("" on failure).
+inline std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req =
+        "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[8192];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+    }
+  }
+  close(fd);
+  const auto body = out.find("\r\n\r\n");
+  return body == std::string::npos ? "" : out.substr(body + 4);
+}
+
+// Sum of every sample of a metric family in a Prometheus text exposition
+// whose labels contain `label_filter` (e.g. "phase=\"forward\"").
+inline double MetricSum(const std::string& text, const std::string& name,
+                        const std::string& label_filter = "") {
+  double sum = 0;
+  bool found = false;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line.compare(0, name.size(), name) != 0) continue;
+    const char next = line.size() > name.size() ? line[name.size()] : ' ';
+    if (next != '{' && next != ' ') continue;
+    if (!label_filter.empty() && line.find(label_filter) == std::string::npos) {
+      continue;
+    }
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+    found = true;
+  }
+  return found ? sum : -1;
+}
+
+}  // namespace interlock::testing
+
+#endif  // INTERLOCK_TESTS_CLUSTER_UTIL_H_

@@ -1,0 +1,83 @@
+#include "worker/metrics.h"
+
+namespace interlock {
+namespace {
+
+// Operation durations span ~50 us (a small head) to tens of seconds.
+prometheus::Histogram::BucketBoundaries Buckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+          0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  microbatches_ = &prometheus::BuildCounter()
+                       .Name("interlock_worker_microbatches_total")
+                       .Help("Micro-batches whose backward pass finished")
+                       .Register(*registry_);
+  compute_ = &prometheus::BuildHistogram()
+                  .Name("interlock_worker_compute_seconds")
+                  .Help("Duration of block operations by phase")
+                  .Register(*registry_);
+  idle_ = &prometheus::BuildCounter()
+               .Name("interlock_worker_idle_seconds_total")
+               .Help("Time spent idle while waiting for gradients from below")
+               .Register(*registry_);
+  sent_ = &prometheus::BuildCounter()
+               .Name("interlock_worker_sent_bytes_total")
+               .Help("Bytes sent on the stream links by direction")
+               .Register(*registry_);
+  received_ = &prometheus::BuildCounter()
+                   .Name("interlock_worker_received_bytes_total")
+                   .Help("Bytes received on the stream links by direction")
+                   .Register(*registry_);
+  rejected_ = &prometheus::BuildCounter()
+                   .Name("interlock_worker_rejected_messages_total")
+                   .Help("Received messages refused as invalid or stale")
+                   .Register(*registry_);
+  step_ = &prometheus::BuildGauge()
+               .Name("interlock_worker_step")
+               .Help("Optimizer steps this block has completed")
+               .Register(*registry_);
+  head_loss_ = &prometheus::BuildGauge()
+                    .Name("interlock_worker_head_loss")
+                    .Help("Loss of this block's head on the latest micro-batch")
+                    .Register(*registry_);
+  configured_ = &prometheus::BuildGauge()
+                     .Name("interlock_worker_configured")
+                     .Help("1 while a block is configured and serving")
+                     .Register(*registry_);
+}
+
+BlockMetrics& WorkerMetrics::ForBlock(int block, int replica) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = blocks_.find({block, replica});
+  if (it != blocks_.end()) return it->second;
+  const std::map<std::string, std::string> base = {
+      {"block", std::to_string(block)}, {"replica", std::to_string(replica)}};
+  auto with = [&](const char* key, const char* value) {
+    auto l = base;
+    l[key] = value;
+    return l;
+  };
+  BlockMetrics m;
+  m.microbatches = &microbatches_->Add(base);
+  m.forward_seconds = &compute_->Add(with("phase", "forward"), Buckets());
+  m.head_seconds = &compute_->Add(with("phase", "head"), Buckets());
+  m.backward_seconds = &compute_->Add(with("phase", "backward"), Buckets());
+  m.optimizer_seconds = &compute_->Add(with("phase", "optimizer"), Buckets());
+  m.idle_seconds = &idle_->Add(base);
+  m.sent_down_bytes = &sent_->Add(with("direction", "down"));
+  m.sent_up_bytes = &sent_->Add(with("direction", "up"));
+  m.received_down_bytes = &received_->Add(with("direction", "down"));
+  m.received_up_bytes = &received_->Add(with("direction", "up"));
+  m.rejected = &rejected_->Add(base);
+  m.step = &step_->Add(base);
+  m.head_loss = &head_loss_->Add(base);
+  m.configured = &configured_->Add(base);
+  return blocks_.emplace(std::make_pair(block, replica), m).first->second;
+}
+
+}  // namespace interlock

@@ -1,0 +1,60 @@
+// The worker's Prometheus metrics. Families are built once; the children of
+// a block are created on first use and cached (DESIGN §6).
+#ifndef INTERLOCK_WORKER_METRICS_H_
+#define INTERLOCK_WORKER_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace interlock {
+
+struct BlockMetrics {
+  prometheus::Counter* microbatches = nullptr;
+  prometheus::Histogram* forward_seconds = nullptr;
+  prometheus::Histogram* head_seconds = nullptr;
+  prometheus::Histogram* backward_seconds = nullptr;
+  prometheus::Histogram* optimizer_seconds = nullptr;
+  prometheus::Counter* idle_seconds = nullptr;
+  prometheus::Counter* sent_down_bytes = nullptr;
+  prometheus::Counter* sent_up_bytes = nullptr;
+  prometheus::Counter* received_down_bytes = nullptr;
+  prometheus::Counter* received_up_bytes = nullptr;
+  prometheus::Counter* rejected = nullptr;
+  prometheus::Gauge* step = nullptr;
+  prometheus::Gauge* head_loss = nullptr;
+  prometheus::Gauge* configured = nullptr;
+};
+
+class WorkerMetrics {
+ public:
+  WorkerMetrics();
+  std::shared_ptr<prometheus::Registry> registry() { return registry_; }
+  // Children for one block (replica 0 until replicas exist).
+  BlockMetrics& ForBlock(int block, int replica = 0);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>* microbatches_;
+  prometheus::Family<prometheus::Histogram>* compute_;
+  prometheus::Family<prometheus::Counter>* idle_;
+  prometheus::Family<prometheus::Counter>* sent_;
+  prometheus::Family<prometheus::Counter>* received_;
+  prometheus::Family<prometheus::Counter>* rejected_;
+  prometheus::Family<prometheus::Gauge>* step_;
+  prometheus::Family<prometheus::Gauge>* head_loss_;
+  prometheus::Family<prometheus::Gauge>* configured_;
+  std::mutex mu_;
+  std::map<std::pair<int, int>, BlockMetrics> blocks_;
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_WORKER_METRICS_H_

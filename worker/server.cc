@@ -1,0 +1,65 @@
+#include "worker/server.h"
+
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/status.h"
+
+namespace interlock {
+
+constexpr char kServiceName[] = "interlock.v1.Worker";
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
+    const WorkerServerOptions& options) {
+  std::unique_ptr<WorkerServer> s(new WorkerServer());
+  WorkerOptions core_options;
+  core_options.max_message_bytes = options.max_message_bytes;
+  s->core_ = std::make_unique<WorkerCore>(core_options, &s->metrics_,
+                                          GrpcLinkFactory());
+  s->service_ = std::make_unique<WorkerService>(s->core_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(builder, options.max_message_bytes);
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
+                           grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_ || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.host, ":", options.port));
+  }
+  // NOT_SERVING until a block is configured: probes and the coordinator
+  // can tell a fresh replica from a ready one.
+  auto* health = s->server_->GetHealthCheckService();
+  health->SetServingStatus("", false);
+  health->SetServingStatus(kServiceName, false);
+  s->core_->set_on_configured([health](bool serving) {
+    health->SetServingStatus("", serving);
+    health->SetServingStatus(kServiceName, serving);
+  });
+
+  if (options.metrics_port >= 0) {
+    auto exposer = HttpExposer::Start(options.host, options.metrics_port,
+                                      s->metrics_.registry());
+    if (!exposer.ok()) return exposer.status();
+    s->exposer_ = std::move(*exposer);
+    s->metrics_port_ = s->exposer_->port();
+  }
+  return s;
+}
+
+void WorkerServer::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  auto* health = server_->GetHealthCheckService();
+  health->SetServingStatus("", false);
+  health->SetServingStatus(kServiceName, false);
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    absl::ToChronoSeconds(grace));
+  core_->Shutdown();
+}
+
+WorkerServer::~WorkerServer() { Shutdown(absl::ZeroDuration()); }
+
+}  // namespace interlock

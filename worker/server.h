@@ -1,0 +1,53 @@
+// The worker's server: gRPC builder, health service, metrics exposer and
+// graceful shutdown around WorkerCore and WorkerService.
+#ifndef INTERLOCK_WORKER_SERVER_H_
+#define INTERLOCK_WORKER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "metrics/http_exposer.h"
+#include "worker/metrics.h"
+#include "worker/worker_core.h"
+#include "worker/worker_service.h"
+
+namespace interlock {
+
+struct WorkerServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 0;           // 0: any free port
+  int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port
+  int64_t max_message_bytes = 256 << 20;
+};
+
+class WorkerServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(
+      const WorkerServerOptions& options);
+  ~WorkerServer();
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  // Health goes NOT_SERVING first, then in-flight calls get `grace` to end.
+  void Shutdown(absl::Duration grace = absl::Seconds(5));
+  void Wait() { server_->Wait(); }
+
+ private:
+  WorkerServer() = default;
+  WorkerMetrics metrics_;
+  std::unique_ptr<WorkerCore> core_;
+  std::unique_ptr<WorkerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HttpExposer> exposer_;
+  int port_ = 0;
+  int metrics_port_ = -1;
+  bool shut_down_ = false;
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_WORKER_SERVER_H_

@@ -1,0 +1,541 @@
+#include "worker/worker_core.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "services/config.h"
+#include "services/models.h"
+#include "services/runtime.h"
+#include "services/status_macros.h"
+
+namespace interlock {
+
+namespace v1 = interlock::v1;
+using Clock = std::chrono::steady_clock;
+
+struct WorkerCore::Run {
+  std::string run_id;
+  int64_t generation = 0;
+  int block = 0;
+  int num_blocks = 1;
+  int microbatches = 1;
+  int64_t eval_batch = 1;
+  int64_t classes = 0;
+  std::string next_address;
+  int64_t max_message_bytes = 0;
+  std::vector<int64_t> sample_shape;  // block input, no batch dimension
+  std::vector<int64_t> output_shape;  // block output, no batch dimension
+  std::vector<int64_t> target_shape;  // no batch dimension
+  int64_t mb_size = 1;
+  torch::ScalarType input_dtype = torch::kFloat32;
+  std::unique_ptr<BlockDriver> driver;
+  std::unique_ptr<DownstreamLink> link;
+  uint64_t link_id = 0;
+  bool failed = false;
+  BlockMetrics* metrics = nullptr;
+  v1::ConfigureResponse response;
+};
+
+namespace {
+
+std::vector<int64_t> WithBatch(int64_t b, const std::vector<int64_t>& s) {
+  std::vector<int64_t> out{b};
+  out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+}  // namespace
+
+WorkerCore::WorkerCore(WorkerOptions options, WorkerMetrics* metrics,
+                       LinkFactory link_factory)
+    : options_(options),
+      metrics_(metrics),
+      link_factory_(std::move(link_factory)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+WorkerCore::~WorkerCore() { Shutdown(); }
+
+void WorkerCore::Shutdown() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) {
+      if (!thread_.joinable()) return;
+    }
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (run_ && run_->link) run_->link->Close();
+  run_.reset();
+}
+
+void WorkerCore::Post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return;
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+bool WorkerCore::WaitingForGradients() const {
+  return run_ && run_->driver && run_->driver->trainer().NeedsDownstream() &&
+         run_->driver->trainer().pending() > 0;
+}
+
+void WorkerCore::Loop() {
+  for (;;) {
+    std::function<void()> task;
+    const bool idle = WaitingForGradients();
+    const auto idle_start = Clock::now();
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stopping_ || !tasks_.empty(); });
+      if (stopping_) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    if (idle && run_ && run_->metrics) {
+      run_->metrics->idle_seconds->Increment(
+          std::chrono::duration<double>(Clock::now() - idle_start).count());
+    }
+    task();
+  }
+}
+
+bool WorkerCore::configured() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return configured_flag_;
+}
+
+void WorkerCore::Configure(
+    const v1::ConfigureRequest& request,
+    std::function<void(absl::StatusOr<v1::ConfigureResponse>)> done) {
+  Post([this, request, done = std::move(done)] { done(DoConfigure(request)); });
+}
+
+absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
+    const v1::ConfigureRequest& req) {
+  if (run_ && run_->run_id == req.run_id() &&
+      run_->generation == req.generation() && run_->block == req.block()) {
+    return run_->response;  // a retried Configure of the same run
+  }
+  if (req.run_id().empty()) {
+    return absl::InvalidArgumentError("configure: run_id is empty");
+  }
+  v1::RunConfig config = req.config();
+  ApplyDefaults(config);
+  RETURN_IF_ERROR(ValidateRunConfig(config));
+  ASSIGN_OR_RETURN(int k_blocks, NumBlocks(config.model()));
+  if (req.num_blocks() != k_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("configure: num_blocks ", req.num_blocks(),
+                     " but the model has ", k_blocks, " blocks"));
+  }
+  if (req.block() < 0 || req.block() >= k_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "configure: block ", req.block(), " outside [0, ", k_blocks, ")"));
+  }
+  if (req.block() + 1 < k_blocks && req.next_address().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "configure: block ", req.block(), " needs next_address"));
+  }
+  if (req.max_message_bytes() > options_.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "configure: the run needs messages of ", req.max_message_bytes(),
+        " bytes but this worker accepts at most ", options_.max_message_bytes,
+        " (raise --max_message_bytes)"));
+  }
+  const DataShape shape = DecodeShape(req.shape());
+  ASSIGN_OR_RETURN(auto outputs, BlockOutputShapes(config.model(), shape));
+
+  // A new run replaces the old one: its streams end.
+  if (run_) {
+    if (run_->link) run_->link->Close();
+    std::shared_ptr<UpstreamSink> old;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      old = sink_;
+    }
+    if (old) {
+      old->Finish(absl::AbortedError(absl::StrCat(
+          "block ", run_->block, " reconfigured for run ", req.run_id())));
+    }
+    run_.reset();
+  }
+
+  ConfigureThreads(config.training().threads_per_block());
+  ASSIGN_OR_RETURN(auto trainer,
+                   BlockTrainer::Create(config, shape, req.block()));
+  auto run = std::make_unique<Run>();
+  run->run_id = req.run_id();
+  run->generation = req.generation();
+  run->block = req.block();
+  run->num_blocks = k_blocks;
+  run->microbatches = config.training().microbatches();
+  run->mb_size = config.training().batch_size() / run->microbatches;
+  run->eval_batch = std::max<int64_t>(config.training().eval_batch_size(),
+                                      config.training().batch_size());
+  run->classes = shape.classes;
+  run->next_address = req.next_address();
+  run->max_message_bytes = req.max_message_bytes();
+  run->sample_shape =
+      req.block() == 0 ? SampleShape(shape) : outputs[req.block() - 1];
+  run->output_shape = outputs[req.block()];
+  run->target_shape = TargetShape(shape);
+  run->input_dtype = req.block() == 0 && shape.is_text ? torch::kInt64
+                                                       : torch::kFloat32;
+  run->metrics = &metrics_->ForBlock(req.block());
+  int64_t params = 0;
+  for (const auto& [name, t] : trainer->NamedState()) params += t.numel();
+  run->response.set_parameters(params);
+  for (int64_t d : WithBatch(run->mb_size, run->sample_shape)) {
+    run->response.add_input_shape(d);
+  }
+  for (int64_t d : WithBatch(run->mb_size, run->output_shape)) {
+    run->response.add_output_shape(d);
+  }
+
+  Run* r = run.get();
+  BlockDriver::Callbacks cb;
+  cb.send_down = [this, r](ForwardMsg m) {
+    v1::DownMessage msg;
+    msg.mutable_header()->set_run_id(r->run_id);
+    msg.mutable_header()->set_generation(r->generation);
+    msg.mutable_header()->mutable_route()->set_block(r->block + 1);
+    auto* f = msg.mutable_forward();
+    f->set_step(m.step);
+    f->set_microbatch(m.mb);
+    f->set_microbatches(r->microbatches);
+    f->set_learning_rate(m.lr);
+    EncodeTensor(m.input, f->mutable_input());
+    EncodeTensor(m.target, f->mutable_target());
+    SendDown(std::move(msg));
+  };
+  cb.send_up = [this, r](UpwardMsg m) {
+    r->metrics->microbatches->Increment();
+    for (const auto& t : m.timings) {
+      if (t.block != r->block) continue;
+      switch (t.phase) {
+        case Phase::kForward:
+          r->metrics->forward_seconds->Observe(t.seconds);
+          break;
+        case Phase::kHead:
+          r->metrics->head_seconds->Observe(t.seconds);
+          break;
+        case Phase::kBackward:
+          r->metrics->backward_seconds->Observe(t.seconds);
+          break;
+        case Phase::kOptimizer:
+          r->metrics->optimizer_seconds->Observe(t.seconds);
+          break;
+      }
+    }
+    for (const auto& rep : m.reports) {
+      if (rep.block == r->block) r->metrics->head_loss->Set(rep.loss);
+    }
+    v1::UpMessage msg;
+    EncodeUpward(m, msg.mutable_upward());
+    SendUp(std::move(msg));
+  };
+  cb.step_done = [this, r](StepDone d) {
+    r->metrics->step->Set(static_cast<double>(d.step + 1));
+    r->metrics->optimizer_seconds->Observe(d.timing.seconds);
+    v1::UpMessage msg;
+    msg.mutable_step_done()->set_block(d.block);
+    msg.mutable_step_done()->set_step(d.step);
+    msg.mutable_step_done()->set_optimizer_seconds(d.timing.seconds);
+    SendUp(std::move(msg));
+  };
+  run->driver = std::make_unique<BlockDriver>(std::move(trainer), cb);
+  run->metrics->configured->Set(1);
+  run->metrics->step->Set(0);
+  run_ = std::move(run);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    configured_flag_ = true;
+  }
+  if (on_configured_) on_configured_(true);
+  return run_->response;
+}
+
+void WorkerCore::GetState(
+    const v1::GetStateRequest& request,
+    std::function<void(absl::StatusOr<v1::GetStateResponse>)> done) {
+  Post([this, request, done = std::move(done)] {
+    if (!run_) {
+      done(absl::FailedPreconditionError("get_state: no block configured"));
+      return;
+    }
+    if (!request.run_id().empty() && request.run_id() != run_->run_id) {
+      done(absl::FailedPreconditionError(
+          absl::StrCat("get_state: run ", request.run_id(),
+                       " is not the configured run ", run_->run_id)));
+      return;
+    }
+    v1::GetStateResponse resp;
+    resp.set_step(run_->driver->current_step());
+    for (const auto& [name, t] : run_->driver->trainer().NamedState()) {
+      auto* nt = name.rfind("head.", 0) == 0 ? resp.add_head()
+                                             : resp.add_block();
+      nt->set_name(name);
+      EncodeTensor(t, nt->mutable_tensor());
+    }
+    done(std::move(resp));
+  });
+}
+
+void WorkerCore::Attach(std::shared_ptr<UpstreamSink> sink) {
+  std::shared_ptr<UpstreamSink> old;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    old = std::move(sink_);
+    sink_ = std::move(sink);
+  }
+  if (old) old->Finish(absl::AbortedError("replaced by a newer stream"));
+}
+
+void WorkerCore::Detach(const UpstreamSink* sink) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (sink_.get() == sink) sink_.reset();
+}
+
+void WorkerCore::OnDown(const UpstreamSink* from, v1::DownMessage msg) {
+  Post([this, from, msg = std::move(msg)]() mutable {
+    if (run_) run_->metrics->received_down_bytes->Increment(msg.ByteSizeLong());
+    std::shared_ptr<UpstreamSink> sink;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      sink = sink_;
+    }
+    if (sink.get() != from) return;  // a stream that was replaced
+    absl::Status s = HandleDown(std::move(msg));
+    if (!s.ok()) {
+      if (run_) run_->metrics->rejected->Increment();
+      sink->Finish(s);
+    }
+  });
+}
+
+absl::Status WorkerCore::HandleDown(v1::DownMessage msg) {
+  if (!run_) {
+    return absl::FailedPreconditionError("worker: no block configured");
+  }
+  const auto& h = msg.header();
+  if (h.run_id() != run_->run_id || h.generation() != run_->generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", run_->block, ": message for run '", h.run_id(),
+        "' generation ", h.generation(), ", but the configured run is '",
+        run_->run_id, "' generation ", run_->generation));
+  }
+  if (h.route().block() != run_->block || h.route().replica() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block ", run_->block, ": message routed to block ", h.route().block(),
+        " replica ", h.route().replica()));
+  }
+  if (run_->failed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", run_->block, ": the run failed; reconfigure to continue"));
+  }
+  switch (msg.kind_case()) {
+    case v1::DownMessage::kForward:
+      return HandleForward(msg.forward());
+    case v1::DownMessage::kEval:
+      return HandleEval(msg.eval());
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", run_->block, ": empty down message"));
+  }
+}
+
+absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
+  Run& r = *run_;
+  const std::string where = absl::StrCat("block ", r.block, " step ", f.step(),
+                                         " micro-batch ", f.microbatch());
+  if (f.microbatches() != r.microbatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": microbatches ", f.microbatches(),
+                     ", the run uses ", r.microbatches));
+  }
+  if (f.microbatch() < 0 || f.microbatch() >= r.microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": micro-batch index outside [0, ", r.microbatches, ")"));
+  }
+  if (f.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
+  }
+  if (f.step() < r.driver->current_step()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": stale step (block is at step ",
+                     r.driver->current_step(), ")"));
+  }
+  if (!std::isfinite(f.learning_rate()) || f.learning_rate() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": learning rate ", f.learning_rate(),
+                     " is not a finite non-negative number"));
+  }
+  ASSIGN_OR_RETURN(torch::Tensor input,
+                   DecodeTensor(f.input(), where + " input", options_.limits));
+  RETURN_IF_ERROR(ExpectTensor(input, r.input_dtype,
+                               WithBatch(r.mb_size, r.sample_shape),
+                               where + " input"));
+  RETURN_IF_ERROR(ExpectFinite(input, where + " input"));
+  ASSIGN_OR_RETURN(torch::Tensor target, DecodeTensor(f.target(),
+                                                      where + " target",
+                                                      options_.limits));
+  RETURN_IF_ERROR(ExpectTensor(target, torch::kInt64,
+                               WithBatch(r.mb_size, r.target_shape),
+                               where + " target"));
+  if (target.numel() > 0 &&
+      (target.min().item<int64_t>() < 0 ||
+       target.max().item<int64_t>() >= r.classes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": target values outside [0, ", r.classes, ")"));
+  }
+  ForwardMsg m;
+  m.step = f.step();
+  m.mb = f.microbatch();
+  m.lr = f.learning_rate();
+  m.input = std::move(input);
+  m.target = std::move(target);
+  return r.driver->OnForward(std::move(m));
+}
+
+absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
+  Run& r = *run_;
+  const std::string where =
+      absl::StrCat("block ", r.block, " eval batch ", e.batch());
+  if (r.driver->trainer().pending() > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": training micro-batches still in flight"));
+  }
+  ASSIGN_OR_RETURN(torch::Tensor input,
+                   DecodeTensor(e.input(), where + " input", options_.limits));
+  const int64_t b = input.dim() > 0 ? input.size(0) : 0;
+  if (b < 1 || b > r.eval_batch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": batch of ", b, " samples, expected 1..", r.eval_batch));
+  }
+  RETURN_IF_ERROR(ExpectTensor(input, r.input_dtype,
+                               WithBatch(b, r.sample_shape), where + " input"));
+  RETURN_IF_ERROR(ExpectFinite(input, where + " input"));
+  ASSIGN_OR_RETURN(torch::Tensor target, DecodeTensor(e.target(),
+                                                      where + " target",
+                                                      options_.limits));
+  RETURN_IF_ERROR(ExpectTensor(target, torch::kInt64,
+                               WithBatch(b, r.target_shape), where + " target"));
+  ASSIGN_OR_RETURN(EvalResult res, r.driver->trainer().Evaluate(input, target));
+  v1::UpMessage up;
+  auto* er = up.mutable_eval();
+  er->set_batch(e.batch());
+  er->set_block(r.block);
+  er->set_has_head(!res.loss.empty());
+  if (!res.loss.empty()) {
+    er->set_loss_sum(res.loss[0]);
+    er->set_correct(res.correct[0]);
+  }
+  er->set_count(res.count);
+  SendUp(std::move(up));
+  if (r.block + 1 < r.num_blocks) {
+    v1::DownMessage down;
+    down.mutable_header()->set_run_id(r.run_id);
+    down.mutable_header()->set_generation(r.generation);
+    down.mutable_header()->mutable_route()->set_block(r.block + 1);
+    down.mutable_eval()->set_batch(e.batch());
+    EncodeTensor(res.output, down.mutable_eval()->mutable_input());
+    *down.mutable_eval()->mutable_target() = e.target();
+    SendDown(std::move(down));
+  }
+  return absl::OkStatus();
+}
+
+void WorkerCore::HandleUp(uint64_t link_id, v1::UpMessage msg) {
+  if (!run_ || run_->link_id != link_id) return;  // an old run's link
+  Run& r = *run_;
+  r.metrics->received_up_bytes->Increment(msg.ByteSizeLong());
+  if (msg.kind_case() != v1::UpMessage::kUpward) {
+    SendUp(std::move(msg));  // step reports, eval results, failures
+    return;
+  }
+  absl::Status s = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(UpwardMsg up, DecodeUpward(msg.upward(), options_.limits));
+    for (size_t i = 0; i < up.grads.size(); ++i) {
+      const std::string what =
+          absl::StrCat("block ", r.block, " step ", up.step, " micro-batch ",
+                       up.mb, " gradient ", i, " from block ", r.block + 1);
+      RETURN_IF_ERROR(ExpectTensor(up.grads[i], torch::kFloat32,
+                                   WithBatch(r.mb_size, r.output_shape), what));
+      RETURN_IF_ERROR(ExpectFinite(up.grads[i], what));
+    }
+    return r.driver->OnUpward(std::move(up));
+  }();
+  if (!s.ok()) {
+    r.metrics->rejected->Increment();
+    FailRun(r.block + 1, r.next_address, s);
+  }
+}
+
+void WorkerCore::HandleLinkDone(uint64_t link_id, absl::Status status) {
+  if (!run_ || run_->link_id != link_id || run_->failed) return;
+  if (status.ok()) {
+    status = absl::UnavailableError("stream to the next block ended");
+  }
+  FailRun(run_->block + 1, run_->next_address, status);
+}
+
+void WorkerCore::FailRun(int block, const std::string& address,
+                         const absl::Status& s) {
+  if (run_) run_->failed = true;
+  v1::UpMessage up;
+  auto* f = up.mutable_failure();
+  f->set_block(block);
+  f->set_address(address);
+  f->set_code(static_cast<int>(s.code()));
+  f->set_message(std::string(s.message()));
+  SendUp(std::move(up));
+  std::shared_ptr<UpstreamSink> sink;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    sink = sink_;
+  }
+  if (sink) {
+    sink->Finish(absl::Status(
+        s.code(), absl::StrCat("block ", block, " (", address, "): ",
+                               s.message())));
+  }
+}
+
+void WorkerCore::SendUp(v1::UpMessage msg) {
+  std::shared_ptr<UpstreamSink> sink;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    sink = sink_;
+  }
+  if (!sink) return;  // nobody upstream: the coordinator will notice
+  if (run_) run_->metrics->sent_up_bytes->Increment(msg.ByteSizeLong());
+  sink->Send(std::move(msg));
+}
+
+void WorkerCore::SendDown(v1::DownMessage msg) {
+  Run& r = *run_;
+  if (!r.link) {
+    const uint64_t id = next_link_id_++;
+    r.link_id = id;
+    r.link = link_factory_(
+        r.next_address, r.max_message_bytes,
+        [this, id](v1::UpMessage m) {
+          Post([this, id, m = std::move(m)]() mutable {
+            HandleUp(id, std::move(m));
+          });
+        },
+        [this, id](absl::Status s) {
+          Post([this, id, s] { HandleLinkDone(id, s); });
+        });
+  }
+  r.metrics->sent_down_bytes->Increment(msg.ByteSizeLong());
+  r.link->Send(std::move(msg));
+}
+
+}  // namespace interlock

@@ -1,0 +1,122 @@
+// The worker's core: hosts one block (a BlockDriver around a BlockTrainer) on
+// its own executor thread, checks everything it receives, and talks to its
+// neighbours through two small interfaces the gRPC adapter implements. No
+// gRPC types here.
+#ifndef INTERLOCK_WORKER_WORKER_CORE_H_
+#define INTERLOCK_WORKER_WORKER_CORE_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/worker.pb.h"
+#include "services/driver.h"
+#include "services/wire.h"
+#include "worker/metrics.h"
+
+namespace interlock {
+
+// The upstream end of this block's incoming stream.
+class UpstreamSink {
+ public:
+  virtual ~UpstreamSink() = default;
+  virtual void Send(interlock::v1::UpMessage msg) = 0;
+  // Ends the stream with this status (once; later calls are ignored).
+  virtual void Finish(const absl::Status& status) = 0;
+};
+
+// The stream to block k+1.
+class DownstreamLink {
+ public:
+  virtual ~DownstreamLink() = default;
+  virtual void Send(interlock::v1::DownMessage msg) = 0;
+  virtual void Close() = 0;
+};
+
+struct WorkerOptions {
+  // The server's receive limit; a run needing larger messages is refused.
+  int64_t max_message_bytes = 256 << 20;
+  TensorLimits limits;
+};
+
+class WorkerCore {
+ public:
+  // Opens the link to the next block. `on_message` and `on_done` may be
+  // called on any thread.
+  using LinkFactory = std::function<std::unique_ptr<DownstreamLink>(
+      const std::string& address, int64_t max_message_bytes,
+      std::function<void(interlock::v1::UpMessage)> on_message,
+      std::function<void(absl::Status)> on_done)>;
+
+  WorkerCore(WorkerOptions options, WorkerMetrics* metrics,
+             LinkFactory link_factory);
+  ~WorkerCore();
+
+  // Asynchronous: `done` runs on the executor thread.
+  void Configure(const interlock::v1::ConfigureRequest& request,
+                 std::function<void(absl::StatusOr<interlock::v1::ConfigureResponse>)>
+                     done);
+  void GetState(const interlock::v1::GetStateRequest& request,
+                std::function<void(absl::StatusOr<interlock::v1::GetStateResponse>)>
+                    done);
+
+  // A new incoming stream replaces the previous one.
+  void Attach(std::shared_ptr<UpstreamSink> sink);
+  void Detach(const UpstreamSink* sink);
+  // A message read from the incoming stream `from`.
+  void OnDown(const UpstreamSink* from, interlock::v1::DownMessage msg);
+
+  bool configured() const;
+  // Called with true once a block is configured (health SERVING).
+  void set_on_configured(std::function<void(bool)> f) {
+    on_configured_ = std::move(f);
+  }
+  // Stops the executor; pending work is abandoned.
+  void Shutdown();
+
+ private:
+  struct Run;
+
+  void Post(std::function<void()> task);
+  void Loop();
+  absl::StatusOr<interlock::v1::ConfigureResponse> DoConfigure(
+      const interlock::v1::ConfigureRequest& request);
+  absl::Status HandleDown(interlock::v1::DownMessage msg);
+  absl::Status HandleForward(const interlock::v1::ForwardData& f);
+  absl::Status HandleEval(const interlock::v1::EvalData& e);
+  void HandleUp(uint64_t link_id, interlock::v1::UpMessage msg);
+  void HandleLinkDone(uint64_t link_id, absl::Status status);
+  void SendUp(interlock::v1::UpMessage msg);
+  void SendDown(interlock::v1::DownMessage msg);
+  // Reports a failure to the coordinator and ends the incoming stream.
+  void FailRun(int block, const std::string& address, const absl::Status& s);
+  bool WaitingForGradients() const;
+
+  const WorkerOptions options_;
+  WorkerMetrics* const metrics_;
+  const LinkFactory link_factory_;
+  std::function<void(bool)> on_configured_;
+
+  // Executor: every touch of the block happens on this one thread.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  std::thread thread_;
+
+  // Owned by the executor thread.
+  std::unique_ptr<Run> run_;
+  std::shared_ptr<UpstreamSink> sink_;  // guarded by mu_ for Attach/Detach
+  uint64_t next_link_id_ = 1;
+  bool configured_flag_ = false;  // guarded by mu_
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_WORKER_WORKER_CORE_H_
