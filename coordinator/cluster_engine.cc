@@ -43,9 +43,9 @@ class ClusterEngine : public Engine {
   absl::Status Init() {
     ASSIGN_OR_RETURN(const int k_blocks, NumBlocks(config_.model()));
     if (static_cast<int>(options_.workers.size()) != k_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--workers: ", options_.workers.size(), " addresses for a model of ",
-          k_blocks, " blocks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--workers: ", options_.workers.size(),
+                       " addresses for a model of ", k_blocks, " blocks"));
     }
     ASSIGN_OR_RETURN(max_bytes_, MaxMessageBytes(k_blocks));
     run_id_ = NewRunId();
@@ -82,7 +82,11 @@ class ClusterEngine : public Engine {
     }
     StreamClient::Handlers h;
     h.on_message = [this](v1::UpMessage m) { OnUp(std::move(m)); };
-    h.on_done = [this](const grpc::Status& s) { OnStreamDone(s); };
+    // The channel must outlive the call: the handler holds it until the
+    // stream is done, whenever the engine goes away.
+    h.on_done = [this, channel = peers_[0].channel](const grpc::Status& s) {
+      OnStreamDone(s);
+    };
     stream_ = StreamClient::Open(peers_[0].stub.get(), std::move(h));
     return absl::OkStatus();
   }
@@ -111,14 +115,19 @@ class ClusterEngine : public Engine {
     std::unique_lock<std::mutex> l(mu_);
     if (!cv_.wait_for(l, absl::ToChronoSeconds(options_.stall_timeout),
                       [&] { return !events_.empty() || !error_.ok(); })) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no progress from the workers for ",
-          absl::FormatDuration(options_.stall_timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no progress from the workers for ",
+                       absl::FormatDuration(options_.stall_timeout)));
     }
     if (!error_.ok()) return error_;
     EngineEvent e = std::move(events_.front());
     events_.pop_front();
     return e;
+  }
+
+  bool Ready() override {
+    std::lock_guard<std::mutex> l(mu_);
+    return !events_.empty() || !error_.ok();
   }
 
   absl::StatusOr<std::vector<HeadEval>> Evaluate(
@@ -132,17 +141,17 @@ class ClusterEngine : public Engine {
     stream_->Send(std::move(down));
     std::unique_lock<std::mutex> l(mu_);
     const size_t k = peers_.size();
-    if (!cv_.wait_for(l, absl::ToChronoSeconds(options_.stall_timeout), [&] {
-          return !error_.ok() || evals_[id].size() == k;
-        })) {
+    if (!cv_.wait_for(l, absl::ToChronoSeconds(options_.stall_timeout),
+                      [&] { return !error_.ok() || evals_[id].size() == k; })) {
       return absl::DeadlineExceededError("evaluation: no answer from workers");
     }
     if (!error_.ok()) return error_;
     std::vector<HeadEval> out;
     std::vector<v1::EvalResult> results = std::move(evals_[id]);
     evals_.erase(id);
-    std::sort(results.begin(), results.end(),
-              [](const auto& a, const auto& b) { return a.block() < b.block(); });
+    std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) {
+      return a.block() < b.block();
+    });
     for (const auto& r : results) {
       if (!r.has_head()) continue;
       out.push_back({r.block(), r.loss_sum(), r.correct(), r.count()});
@@ -167,7 +176,8 @@ class ClusterEngine : public Engine {
       BlockState st;
       for (const auto* part : {&resp.block(), &resp.head()}) {
         for (const auto& nt : *part) {
-          ASSIGN_OR_RETURN(torch::Tensor t, DecodeTensor(nt.tensor(), nt.name()));
+          ASSIGN_OR_RETURN(torch::Tensor t,
+                           DecodeTensor(nt.tensor(), nt.name()));
           (part == &resp.block() ? st.block : st.head)
               .emplace_back(nt.name(), std::move(t));
         }
@@ -185,7 +195,8 @@ class ClusterEngine : public Engine {
     }
     stream_->CloseWrites();
     std::unique_lock<std::mutex> l(mu_);
-    if (!cv_.wait_for(l, std::chrono::seconds(5), [&] { return stream_done_; })) {
+    if (!cv_.wait_for(l, std::chrono::seconds(5),
+                      [&] { return stream_done_; })) {
       stream_->Cancel();
       cv_.wait_for(l, std::chrono::seconds(5), [&] { return stream_done_; });
     }
@@ -227,10 +238,8 @@ class ClusterEngine : public Engine {
   }
 
   void Fail(absl::Status s) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (error_.ok()) error_ = std::move(s);
-    }
+    std::lock_guard<std::mutex> l(mu_);
+    if (error_.ok()) error_ = std::move(s);
     cv_.notify_all();
   }
 
@@ -255,10 +264,8 @@ class ClusterEngine : public Engine {
         return;
       }
       case v1::UpMessage::kEval: {
-        {
-          std::lock_guard<std::mutex> l(mu_);
-          evals_[m.eval().batch()].push_back(m.eval());
-        }
+        std::lock_guard<std::mutex> l(mu_);
+        evals_[m.eval().batch()].push_back(m.eval());
         cv_.notify_all();
         return;
       }
@@ -275,25 +282,21 @@ class ClusterEngine : public Engine {
   }
 
   void Push(EngineEvent e) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      events_.push_back(std::move(e));
-    }
+    std::lock_guard<std::mutex> l(mu_);
+    events_.push_back(std::move(e));
     cv_.notify_all();
   }
 
   void OnStreamDone(const grpc::Status& s) {
-    bool closing;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stream_done_ = true;
-      closing = closing_;
-    }
-    if (!closing || !s.ok()) {
+    // Everything under the lock, notify included: the engine may be
+    // destroyed as soon as a waiter sees stream_done_.
+    std::lock_guard<std::mutex> l(mu_);
+    stream_done_ = true;
+    if ((!closing_ || !s.ok()) && error_.ok()) {
       // A failure message from below, if any, already named the culprit.
-      Fail(absl::UnavailableError(absl::StrCat(
+      error_ = absl::UnavailableError(absl::StrCat(
           "worker 0 (", peers_[0].address, "): stream ended: ",
-          s.ok() ? std::string("closed by the worker") : s.error_message())));
+          s.ok() ? std::string("closed by the worker") : s.error_message()));
     }
     cv_.notify_all();
   }

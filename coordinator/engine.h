@@ -40,6 +40,8 @@ class Engine {
   virtual absl::Status Submit(ForwardMsg msg) = 0;
   // The next event; blocks until one is there or the chain failed.
   virtual absl::StatusOr<EngineEvent> Next() = 0;
+  // Whether Next() would return at once (an event or an error is waiting).
+  virtual bool Ready() = 0;
   // Forward-only pass of a batch through the chain (training must be idle).
   virtual absl::StatusOr<std::vector<HeadEval>> Evaluate(
       const torch::Tensor& input, const torch::Tensor& target) = 0;

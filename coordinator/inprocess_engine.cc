@@ -76,6 +76,11 @@ class InProcessEngine : public Engine {
     return e;
   }
 
+  bool Ready() override {
+    std::lock_guard<std::mutex> l(mu_);
+    return !out_.empty() || !error_.ok();
+  }
+
   absl::StatusOr<std::vector<HeadEval>> Evaluate(
       const torch::Tensor& input, const torch::Tensor& target) override {
     std::vector<HeadEval> out;
@@ -156,8 +161,10 @@ class InProcessEngine : public Engine {
 
   absl::Status Handle(int k, Inbound msg) {
     BlockDriver& d = *blocks_[k]->driver;
-    if (auto* f = std::get_if<ForwardMsg>(&msg)) return d.OnForward(std::move(*f));
-    if (auto* u = std::get_if<UpwardMsg>(&msg)) return d.OnUpward(std::move(*u));
+    if (auto* f = std::get_if<ForwardMsg>(&msg))
+      return d.OnForward(std::move(*f));
+    if (auto* u = std::get_if<UpwardMsg>(&msg))
+      return d.OnUpward(std::move(*u));
     return absl::OkStatus();
   }
 

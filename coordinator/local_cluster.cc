@@ -66,7 +66,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Launch(
       // Child: die with the parent, log to a file, one BLAS thread.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);
-      const int fd = open(w.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int fd =
+          open(w.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd >= 0) {
         dup2(fd, STDOUT_FILENO);
         dup2(fd, STDERR_FILENO);

@@ -4,12 +4,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <mutex>
-#include <thread>
-
 #include <cstdio>
 #include <iostream>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -21,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "coordinator/local_cluster.h"
 #include "coordinator/train.h"
+#include "services/runtime.h"
 #include "services/config.h"
 
 ABSL_FLAG(std::string, config, "", "RunConfig file (protobuf text format)");
@@ -34,8 +34,9 @@ ABSL_FLAG(int, threads_per_block, 0, "LibTorch intra-op threads per block");
 ABSL_FLAG(std::string, schedule, "sequential",
           "in-process schedule: sequential (one thread) or threaded (one "
           "thread per block)");
-ABSL_FLAG(std::string, out, "", "folder for metrics.jsonl, eval.jsonl and "
-                                "summary.json");
+ABSL_FLAG(std::string, out, "",
+          "folder for metrics.jsonl, eval.jsonl and "
+          "summary.json");
 ABSL_FLAG(bool, dump_params, false, "print every parameter as JSON at the end");
 ABSL_FLAG(bool, quiet, false, "no progress output");
 #ifdef INTERLOCK_COORDINATOR_BINARY
@@ -176,7 +177,8 @@ int RunTrain() {
     std::string line = absl::StrFormat(
         "  block %d %-5s head: accuracy %6.2f%%  loss %.4f", h.block,
         h.final ? "final" : "aux", 100.0 * h.accuracy, h.loss);
-    if (h.perplexity > 0) absl::StrAppendFormat(&line, "  perplexity %.3f", h.perplexity);
+    if (h.perplexity > 0)
+      absl::StrAppendFormat(&line, "  perplexity %.3f", h.perplexity);
     std::cout << line << "\n";
   }
   std::cout << "digest " << result->digest << "\n";
@@ -187,6 +189,7 @@ int RunTrain() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  interlock::TuneAllocator();
   absl::SetProgramUsageMessage(kUsage);
   // Accept --dump-params as well as --dump_params: hyphens are the usual CLI
   // spelling, Abseil flag names use underscores.

@@ -18,11 +18,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
                   .Help("Optimizer steps completed by the whole chain")
                   .Register(r)
                   .Add(labels);
-  m->samples_per_second_ = &prometheus::BuildGauge()
-                                .Name("interlock_coordinator_samples_per_second")
-                                .Help("Training throughput since the run began")
-                                .Register(r)
-                                .Add(labels);
+  m->samples_per_second_ =
+      &prometheus::BuildGauge()
+           .Name("interlock_coordinator_samples_per_second")
+           .Help("Training throughput since the run began")
+           .Register(r)
+           .Add(labels);
   m->microbatches_ = &prometheus::BuildCounter()
                           .Name("interlock_coordinator_microbatches_total")
                           .Help("Micro-batches finished by every block")

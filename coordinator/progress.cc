@@ -29,9 +29,9 @@ void Progress::Update(int64_t done, const std::vector<double>& losses,
   }
   const double eta =
       done > 0 ? elapsed / static_cast<double>(done) * (total_ - done) : 0.0;
-  const std::string stats = absl::StrFormat(
-      "loss %s | %.0f samples/s | ETA %s", absl::StrJoin(ls, "/"), sps,
-      FormatDuration(eta));
+  const std::string stats =
+      absl::StrFormat("loss %s | %.0f samples/s | ETA %s",
+                      absl::StrJoin(ls, "/"), sps, FormatDuration(eta));
   if (bar_) {
     constexpr int kWidth = 24;
     const int filled =

@@ -46,8 +46,8 @@ struct TrainOptions {
 struct HeadResult {
   int block = 0;
   bool final = false;
-  double loss = 0.0;      // mean per sample (token for text)
-  double accuracy = 0.0;  // argmax hits / count
+  double loss = 0.0;        // mean per sample (token for text)
+  double accuracy = 0.0;    // argmax hits / count
   double perplexity = 0.0;  // text only
 };
 

@@ -40,8 +40,8 @@ absl::StatusOr<std::unique_ptr<HttpExposer>> HttpExposer::Start(
   if (!ok) {
     const std::string why = std::strerror(errno);
     if (fd >= 0) close(fd);
-    return absl::UnavailableError(absl::StrCat(
-        "metrics: cannot listen on ", host, ":", port, ": ", why));
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", host, ":", port, ": ", why));
   }
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
@@ -104,10 +104,9 @@ void HttpExposer::Handle(int fd) {
     body = "see /metrics\n";
     type = "text/plain";
   }
-  std::string response =
-      absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
-                   "\r\nContent-Length: ", body.size(),
-                   "\r\nConnection: close\r\n\r\n");
+  std::string response = absl::StrCat(
+      "HTTP/1.1 ", status, "\r\nContent-Type: ", type,
+      "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
   if (method != "HEAD") response += body;
   size_t sent = 0;
   while (sent < response.size()) {

@@ -15,9 +15,8 @@
 
 namespace interlock {
 
-class StreamClient
-    : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
-                                     interlock::v1::UpMessage> {
+class StreamClient : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
+                                                    interlock::v1::UpMessage> {
  public:
   struct Handlers {
     // Called on a gRPC thread for every message read; must not block.

@@ -156,8 +156,8 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
       shape.classes = 10;
   }
   if (!c.model().has_scale()) {
-    auto built = BuildModel(c.model(), shape,
-                            t.mode() != TrainingSpec::E2E && k > 1, 0);
+    auto built =
+        BuildModel(c.model(), shape, t.mode() != TrainingSpec::E2E && k > 1, 0);
     if (!built.ok()) return built.status();
   }
   return absl::OkStatus();

@@ -15,9 +15,8 @@ BlockDriver::BlockDriver(std::unique_ptr<BlockTrainer> trainer,
 absl::Status BlockDriver::OnForward(ForwardMsg msg) {
   const int k = trainer_->options().block;
   if (msg.mb < 0 || msg.mb >= m_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block ", k, ": micro-batch index ", msg.mb,
-                     " outside [0, ", m_, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block ", k, ": micro-batch index ", msg.mb, " outside [0, ", m_, ")"));
   }
   const auto key = std::make_pair(msg.step, msg.mb);
   if (msg.step < step_ || (msg.step == step_ && msg.mb < forwarded_) ||
@@ -41,8 +40,7 @@ absl::Status BlockDriver::OnUpward(UpwardMsg msg) {
                      msg.step, " micro-batch ", msg.mb));
   }
   if (trainer_->NeedsDownstream()) {
-    if (static_cast<int>(msg.grads.size()) !=
-        trainer_->DownstreamListSize()) {
+    if (static_cast<int>(msg.grads.size()) != trainer_->DownstreamListSize()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "block ", k, ": expected ", trainer_->DownstreamListSize(),
           " gradients from below, got ", msg.grads.size()));

@@ -35,23 +35,23 @@ TORCH_MODULE(Scale);
 
 struct BasicBlockImpl : nn::Module {
   BasicBlockImpl(int64_t in, int64_t planes, int64_t stride) {
-    conv1 = register_module(
-        "conv1", nn::Conv2d(nn::Conv2dOptions(in, planes, 3)
-                                .stride(stride)
-                                .padding(1)
-                                .bias(false)));
+    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, planes, 3)
+                                                    .stride(stride)
+                                                    .padding(1)
+                                                    .bias(false)));
     bn1 = register_module("bn1", nn::BatchNorm2d(planes));
     conv2 = register_module(
         "conv2",
-        nn::Conv2d(nn::Conv2dOptions(planes, planes, 3).padding(1).bias(false)));
+        nn::Conv2d(
+            nn::Conv2dOptions(planes, planes, 3).padding(1).bias(false)));
     bn2 = register_module("bn2", nn::BatchNorm2d(planes));
     if (stride != 1 || in != planes) {
       shortcut = register_module(
           "shortcut",
-          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, planes, 1)
-                                        .stride(stride)
-                                        .bias(false)),
-                         nn::BatchNorm2d(planes)));
+          nn::Sequential(
+              nn::Conv2d(
+                  nn::Conv2dOptions(in, planes, 1).stride(stride).bias(false)),
+              nn::BatchNorm2d(planes)));
     }
   }
   torch::Tensor forward(const torch::Tensor& x) {
@@ -73,11 +73,11 @@ struct BottleneckImpl : nn::Module {
     conv1 = register_module(
         "conv1", nn::Conv2d(nn::Conv2dOptions(in, planes, 1).bias(false)));
     bn1 = register_module("bn1", nn::BatchNorm2d(planes));
-    conv2 = register_module(
-        "conv2", nn::Conv2d(nn::Conv2dOptions(planes, planes, 3)
-                                .stride(stride)
-                                .padding(1)
-                                .bias(false)));
+    conv2 =
+        register_module("conv2", nn::Conv2d(nn::Conv2dOptions(planes, planes, 3)
+                                                .stride(stride)
+                                                .padding(1)
+                                                .bias(false)));
     bn2 = register_module("bn2", nn::BatchNorm2d(planes));
     conv3 = register_module(
         "conv3",
@@ -237,15 +237,16 @@ absl::StatusOr<std::vector<int64_t>> ParseIntList(const std::string& s,
   return out;
 }
 
-absl::StatusOr<std::vector<Unit>> ResNetUnits(const interlock::v1::ResNetSpec& r,
-                                              const DataShape& data) {
+absl::StatusOr<std::vector<Unit>> ResNetUnits(
+    const interlock::v1::ResNetSpec& r, const DataShape& data) {
   if (data.is_text || data.is_vector) {
     return absl::InvalidArgumentError(
         "model.resnet: needs image data (channels x height x width)");
   }
   if (data.channels != 1 && data.channels != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.resnet: input has ", data.channels, " channels, expected 1 or 3"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.resnet: input has ", data.channels,
+                     " channels, expected 1 or 3"));
   }
   const std::string type = r.block_type().empty() ? "basic" : r.block_type();
   if (type != "basic" && type != "bottleneck") {
@@ -261,9 +262,9 @@ absl::StatusOr<std::vector<Unit>> ResNetUnits(const interlock::v1::ResNetSpec& r
     auto nums = ParseIntList(std::string(stage), "model.resnet.architecture");
     if (!nums.ok()) return nums.status();
     if (nums->size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model.resnet.architecture: stage '", stage,
-          "' must be 'planes,blocks'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.resnet.architecture: stage '", stage,
+                       "' must be 'planes,blocks'"));
     }
     stages.emplace_back((*nums)[0], (*nums)[1]);
   }
@@ -300,7 +301,8 @@ absl::StatusOr<std::vector<Unit>> TransformerUnits(
     const interlock::v1::TransformerSpec& t, const DataShape& data) {
   if (!data.is_text) {
     return absl::InvalidArgumentError(
-        "model.transformer: needs text data (data.kind TEXT or SYNTHETIC_TEXT)");
+        "model.transformer: needs text data (data.kind TEXT or "
+        "SYNTHETIC_TEXT)");
   }
   if (t.d_model() <= 0 || t.layers() <= 0 || t.heads() <= 0 ||
       t.context() <= 0) {
@@ -331,7 +333,8 @@ absl::StatusOr<std::vector<Unit>> MlpUnits(const interlock::v1::MlpSpec& m,
     return absl::InvalidArgumentError("model.mlp: needs image or vector data");
   }
   if (m.hidden_size() == 0) {
-    return absl::InvalidArgumentError("model.mlp.hidden: needs at least one width");
+    return absl::InvalidArgumentError(
+        "model.mlp.hidden: needs at least one width");
   }
   int64_t in = data.channels * data.height * data.width;
   std::vector<Unit> units;
@@ -451,8 +454,8 @@ absl::StatusOr<std::vector<int>> ParsePartition(const std::string& partition,
     }
     if (blocks > units) {
       return absl::InvalidArgumentError(
-          absl::StrCat("model.blocks: ", blocks, " blocks but the model has only ",
-                       units, " units"));
+          absl::StrCat("model.blocks: ", blocks,
+                       " blocks but the model has only ", units, " units"));
     }
     for (int k = 0; k < blocks; ++k) {
       counts.push_back((k + 1) * units / blocks - k * units / blocks);
@@ -469,9 +472,11 @@ absl::StatusOr<std::vector<int>> ParsePartition(const std::string& partition,
             "model.partition: 'rest' may only be last in '", partition, "'"));
       }
       if (units - used <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model.partition: '", partition, "' leaves no unit for 'rest' (the "
-            "model has ", units, " units)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.partition: '", partition,
+                         "' leaves no unit for 'rest' (the "
+                         "model has ",
+                         units, " units)"));
       }
       counts.push_back(units - used);
       used = units;
@@ -479,9 +484,9 @@ absl::StatusOr<std::vector<int>> ParsePartition(const std::string& partition,
     }
     int v;
     if (!absl::SimpleAtoi(p, &v) || v <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model.partition: '", p, "' in '", partition,
-          "' is not a positive integer or 'rest'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.partition: '", p, "' in '", partition,
+                       "' is not a positive integer or 'rest'"));
     }
     counts.push_back(v);
     used += v;
@@ -536,10 +541,10 @@ absl::StatusOr<std::vector<BlockModules>> BuildModel(const ModelSpec& spec,
         return absl::InvalidArgumentError("model.scale.block_init: no blocks");
       }
       if (with_heads && sc.head_init_size() != k_blocks - 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model.scale.head_init: ", sc.head_init_size(),
-            " heads given, expected one per block but the last (", k_blocks - 1,
-            ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.scale.head_init: ", sc.head_init_size(),
+                         " heads given, expected one per block but the last (",
+                         k_blocks - 1, ")"));
       }
       for (int k = 0; k < k_blocks; ++k) {
         auto v = ScaleValues(sc.block_init(k),
@@ -569,8 +574,8 @@ absl::StatusOr<std::vector<BlockModules>> BuildModel(const ModelSpec& spec,
           "model: no family set (resnet, transformer, mlp or scale)");
     }
     if (!units.ok()) return units.status();
-    auto counts = ParsePartition(spec.partition(),
-                                 static_cast<int>(units->size()), spec.blocks());
+    auto counts = ParsePartition(
+        spec.partition(), static_cast<int>(units->size()), spec.blocks());
     if (!counts.ok()) return counts.status();
     size_t next = 0;
     std::vector<Shape> out_shapes;

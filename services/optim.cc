@@ -100,7 +100,8 @@ double LearningRateAt(const ScheduleSpec& s, int64_t step,
       const int64_t span = std::max<int64_t>(1, total_steps - s.warmup_steps());
       const double t =
           std::min(1.0, static_cast<double>(step - s.warmup_steps()) / span);
-      return s.min_lr() + (base - s.min_lr()) * 0.5 * (1.0 + std::cos(M_PI * t));
+      return s.min_lr() +
+             (base - s.min_lr()) * 0.5 * (1.0 + std::cos(M_PI * t));
     }
     default:
       return base;

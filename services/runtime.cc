@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <malloc.h>
 
 namespace interlock {
 
@@ -15,6 +16,13 @@ void ConfigureThreads(int threads) {
           dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
     fn(threads);
   }
+}
+
+void TuneAllocator() {
+  // Both are needed: the mmap threshold alone still trims the heap top, the
+  // trim threshold alone still serves large blocks by mmap.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 }  // namespace interlock

@@ -8,10 +8,10 @@
 #define INTERLOCK_CONCAT_INNER_(a, b) a##b
 #define INTERLOCK_CONCAT_(a, b) INTERLOCK_CONCAT_INNER_(a, b)
 
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    ::absl::Status _status = (expr);           \
-    if (!_status.ok()) return _status;         \
+#define RETURN_IF_ERROR(expr)          \
+  do {                                 \
+    ::absl::Status _status = (expr);   \
+    if (!_status.ok()) return _status; \
   } while (0)
 
 #define ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \

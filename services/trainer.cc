@@ -36,7 +36,8 @@ auto Guard(const char* what, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat(what, ": ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(what, ": ", e.what()));
   }
@@ -84,8 +85,7 @@ BlockTrainer::BlockTrainer(TrainerOptions options, BlockModules modules)
 }
 
 absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::Create(
-    const interlock::v1::RunConfig& config, const DataShape& shape,
-    int block) {
+    const interlock::v1::RunConfig& config, const DataShape& shape, int block) {
   ASSIGN_OR_RETURN(int k_blocks, NumBlocks(config.model()));
   if (block < 0 || block >= k_blocks) {
     return absl::InvalidArgumentError(
@@ -100,12 +100,12 @@ absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::Create(
 absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::FromModules(
     const TrainerOptions& options, BlockModules modules,
     const interlock::v1::OptimizerSpec& optimizer) {
-  if (!options.e2e && options.block + 1 < options.num_blocks &&
-      !modules.head) {
+  if (!options.e2e && options.block + 1 < options.num_blocks && !modules.head) {
     return absl::InvalidArgumentError(
         absl::StrCat("block ", options.block, " needs an auxiliary head"));
   }
-  std::unique_ptr<BlockTrainer> t(new BlockTrainer(options, std::move(modules)));
+  std::unique_ptr<BlockTrainer> t(
+      new BlockTrainer(options, std::move(modules)));
   std::vector<torch::Tensor> params = t->block_params_;
   for (auto& p : ParamsOf(t->modules_.head)) params.push_back(p);
   ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(optimizer, params));
@@ -138,8 +138,8 @@ absl::StatusOr<ForwardResult> BlockTrainer::Forward(
     ForwardResult r;
     Pending p;
     auto t0 = Clock::now();
-    p.input = UpstreamListSize() > 0 ? input.detach().requires_grad_(true)
-                                     : input;
+    p.input =
+        UpstreamListSize() > 0 ? input.detach().requires_grad_(true) : input;
     p.output = modules_.block->forward(p.input);
     r.timings.push_back({options_.block, Phase::kForward, SecondsSince(t0)});
 

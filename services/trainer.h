@@ -101,8 +101,8 @@ class BlockTrainer {
   // Backward of micro-batch `mb` given the next block's gradient list
   // (`DownstreamListSize()` entries; empty when !NeedsDownstream()).
   // Accumulates parameter gradients and frees the micro-batch's graph.
-  absl::StatusOr<BackwardResult> Backward(int mb,
-                                          std::vector<torch::Tensor> downstream);
+  absl::StatusOr<BackwardResult> Backward(
+      int mb, std::vector<torch::Tensor> downstream);
   // Applies the accumulated gradients with this learning rate, zeroes them.
   absl::StatusOr<OpTiming> Step(double lr);
   // Micro-batches forwarded but not yet backwarded.
@@ -122,8 +122,8 @@ class BlockTrainer {
   BlockTrainer(TrainerOptions options, BlockModules modules);
 
   struct Pending {
-    torch::Tensor input;   // leaf requiring grad when gradients go upstream
-    torch::Tensor output;  // graph root
+    torch::Tensor input;     // leaf requiring grad when gradients go upstream
+    torch::Tensor output;    // graph root
     torch::Tensor own_grad;  // dL[k]/da[k] (own head or final loss)
   };
 

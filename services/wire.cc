@@ -70,13 +70,13 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
                                            const TensorLimits& limits) {
   torch::ScalarType type;
   if (!ToScalarType(w.dtype(), &type)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": unknown dtype ", static_cast<int>(w.dtype())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": unknown dtype ", static_cast<int>(w.dtype())));
   }
   if (w.shape_size() > limits.max_rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": rank ", w.shape_size(), " exceeds the limit ",
-        limits.max_rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", w.shape_size(), " exceeds the limit ",
+                     limits.max_rank));
   }
   int64_t elements = 1;
   std::vector<int64_t> shape;
@@ -96,9 +96,9 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
   const int64_t item = static_cast<int64_t>(c10::elementSize(type));
   const int64_t bytes = elements * item;
   if (static_cast<int64_t>(w.data().size()) != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", w.data().size(), " data bytes, expected ", bytes, " (",
-        elements, " elements of ", item, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", w.data().size(), " data bytes, expected ",
+                     bytes, " (", elements, " elements of ", item, " bytes)"));
   }
   torch::Tensor t = torch::empty(shape, torch::dtype(type));
   if (bytes > 0) std::memcpy(t.data_ptr(), w.data().data(), bytes);

@@ -30,7 +30,8 @@ std::vector<double> Theta(const std::map<std::string, std::vector<double>>& p,
   return it == p.end() ? std::vector<double>{} : it->second;
 }
 
-void ExpectNear(const std::vector<double>& got, const std::vector<double>& want) {
+void ExpectNear(const std::vector<double>& got,
+                const std::vector<double>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6);
 }
@@ -57,8 +58,9 @@ TEST(Cli, WorkedExamples) {
 
 TEST(Cli, WritesRunFiles) {
   const std::string out = TempDir("files");
-  auto r = RunCommand(kCli + " train --config " + kSrc +
-                      "/configs/tests/tiny_resnet.pbtxt --steps 4 --out " + out);
+  auto r =
+      RunCommand(kCli + " train --config " + kSrc +
+                 "/configs/tests/tiny_resnet.pbtxt --steps 4 --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("final head: accuracy"), std::string::npos)
       << r.output;
@@ -112,15 +114,16 @@ TEST(Cli, BadInputsGiveOneLineErrors) {
     std::string fragment;
   };
   const std::string bad_gz = write("train-images-idx3-ubyte.gz", "not gzip");
-  for (const char* f : {"train-labels-idx1-ubyte.gz",
-                               "t10k-images-idx3-ubyte.gz",
-                               "t10k-labels-idx1-ubyte.gz"}) {
+  for (const char* f :
+       {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz"}) {
     write(f, "x");
   }
-  const std::string fmnist_cfg = write(
-      "fmnist.pbtxt",
-      "model { mlp { hidden: 8 } blocks: 2 head: \"fc\" }\n"
-      "data { kind: FASHION_MNIST path: \"" + dir + "\" }\n");
+  const std::string fmnist_cfg =
+      write("fmnist.pbtxt",
+            "model { mlp { hidden: 8 } blocks: 2 head: \"fc\" }\n"
+            "data { kind: FASHION_MNIST path: \"" +
+                dir + "\" }\n");
   for (const Case& c : std::vector<Case>{
            {"--config /nonexistent.pbtxt", "/nonexistent.pbtxt"},
            {"--config " + write("u.pbtxt", "nonsense_field: 1\n"),

@@ -1,12 +1,14 @@
 // The cluster engine against real interlock-worker processes on loopback:
 // bitwise equality with the in-process engine, hostile input, a worker
 // killed mid-run, metrics, graceful shutdown.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "coordinator/train.h"
@@ -31,7 +33,7 @@ const std::string kCli = INTERLOCK_CLI;
 const std::string kSrc = INTERLOCK_SOURCE_DIR;
 
 std::string MakeTempDir(const std::string& tag) {
-  std::string tmpl = "/tmp/interlock-" + tag + "-XXXXXX";
+  std::string tmpl = "/tmp/interlock-test-" + tag + "-XXXXXX";
   return mkdtemp(tmpl.data());
 }
 
@@ -43,10 +45,13 @@ v1::RunConfig Parse(const std::string& text) {
 
 constexpr char kResNet[] = R"pb(
   name: "resnet"
-  model { resnet { architecture: "8,1/16,1/16,1" } head: "conv8_bn_gbpl_fc" }
+  model {
+    resnet { architecture: "8,1/16,1/16,1" }
+    head: "conv8_bn_gbpl_fc"
+  }
   data {
     kind: SYNTHETIC_IMAGES
-    synthetic_shape: [3, 12, 12]
+    synthetic_shape: [ 3, 12, 12 ]
     synthetic_classes: 4
     synthetic_train: 256
     synthetic_test: 32
@@ -58,7 +63,10 @@ constexpr char kResNet[] = R"pb(
 
 constexpr char kTransformer[] = R"pb(
   name: "gpt"
-  model { transformer { d_model: 16 layers: 3 heads: 2 context: 12 } head: "ln_fc" }
+  model {
+    transformer { d_model: 16 layers: 3 heads: 2 context: 12 }
+    head: "ln_fc"
+  }
   data { kind: SYNTHETIC_TEXT }
   optimizer { kind: ADAMW weight_decay: 0.01 }
   schedule { kind: COSINE lr: 0.003 warmup_steps: 2 }
@@ -106,11 +114,12 @@ void CompareEngines(const char* text, int k, const std::string& partition,
     int n;
     v1::TrainingSpec::Rule rule;
   };
-  const std::vector<Mode> modes = {{v1::TrainingSpec::E2E, 1, v1::TrainingSpec::FURTHEST},
-                                   {v1::TrainingSpec::INTERLOCK, 1, v1::TrainingSpec::FURTHEST},
-                                   {v1::TrainingSpec::INTERLOCK, 2, v1::TrainingSpec::FURTHEST},
-                                   {v1::TrainingSpec::INTERLOCK, 3, v1::TrainingSpec::FURTHEST},
-                                   {v1::TrainingSpec::INTERLOCK, 2, v1::TrainingSpec::SUM}};
+  const std::vector<Mode> modes = {
+      {v1::TrainingSpec::E2E, 1, v1::TrainingSpec::FURTHEST},
+      {v1::TrainingSpec::INTERLOCK, 1, v1::TrainingSpec::FURTHEST},
+      {v1::TrainingSpec::INTERLOCK, 2, v1::TrainingSpec::FURTHEST},
+      {v1::TrainingSpec::INTERLOCK, 3, v1::TrainingSpec::FURTHEST},
+      {v1::TrainingSpec::INTERLOCK, 2, v1::TrainingSpec::SUM}};
   for (int m : {1, 4}) {
     for (const Mode& mode : modes) {
       v1::RunConfig c = Parse(text);
@@ -171,8 +180,15 @@ TEST_F(ClusterTest, WrongWorkerCountIsRefused) {
 // --- Hostile and malformed input straight at a worker's stream. -----------
 
 constexpr char kOneBlock[] = R"pb(
-  model { resnet { architecture: "8,1" } partition: "rest" }
-  data { kind: SYNTHETIC_IMAGES synthetic_shape: [3, 8, 8] synthetic_classes: 4 }
+  model {
+    resnet { architecture: "8,1" }
+    partition: "rest"
+  }
+  data {
+    kind: SYNTHETIC_IMAGES
+    synthetic_shape: [ 3, 8, 8 ]
+    synthetic_classes: 4
+  }
   training { mode: INTERLOCK n: 1 batch_size: 4 microbatches: 2 }
 )pb";
 
@@ -188,6 +204,10 @@ class BadInputTest : public ::testing::Test {
   }
   void TearDown() override {
     StopWorker(worker_);
+    if (HasFailure()) {
+      std::cerr << "worker log:\n"
+                << std::ifstream(dir_ + "/w0.log").rdbuf() << "\n";
+    }
     std::filesystem::remove_all(dir_);
   }
 
@@ -205,7 +225,8 @@ class BadInputTest : public ::testing::Test {
     s->set_classes(4);
     req.set_max_message_bytes(1 << 20);
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
     v1::ConfigureResponse resp;
     grpc::Status st = stub_->Configure(&ctx, req, &resp);
     ASSERT_TRUE(st.ok()) << st.error_message();
@@ -232,7 +253,8 @@ class BadInputTest : public ::testing::Test {
   // and, if one came, the first reply.
   grpc::Status SendOnce(const v1::DownMessage& m, v1::UpMessage* reply) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
     auto stream = stub_->Stream(&ctx);
     stream->Write(m);
     v1::UpMessage first;
@@ -245,14 +267,36 @@ class BadInputTest : public ::testing::Test {
     return stream->Finish();
   }
 
-  // A valid micro-batch is processed: the worker still serves.
+  // A valid micro-batch is processed: the worker still serves. Waits for
+  // the completion and, when the micro-batch ends a step, the step report,
+  // so nothing of this exchange spills into the next stream.
   void ExpectServes() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    auto stream = stub_->Stream(&ctx);
+    stream->Write(Valid());
+    const bool ends_step = mb_ == 1;
+    bool upward = false, step_done = false;
     v1::UpMessage reply;
-    grpc::Status s = SendOnce(Valid(), &reply);
+    while ((!upward || (ends_step && !step_done)) && stream->Read(&reply)) {
+      if (reply.has_upward()) {
+        upward = true;
+        EXPECT_EQ(reply.upward().step(), step_);
+        EXPECT_EQ(reply.upward().microbatch(), mb_);
+      }
+      if (reply.has_step_done()) {
+        step_done = true;
+        EXPECT_EQ(reply.step_done().step(), step_);
+      }
+    }
+    stream->WritesDone();
+    while (stream->Read(&reply)) {
+    }
+    grpc::Status s = stream->Finish();
     ASSERT_TRUE(s.ok()) << s.error_message();
-    ASSERT_TRUE(reply.has_upward());
-    EXPECT_EQ(reply.upward().step(), step_);
-    EXPECT_EQ(reply.upward().microbatch(), mb_);
+    ASSERT_TRUE(upward);
+    ASSERT_TRUE(step_done || !ends_step);
     if (++mb_ == 2) {
       mb_ = 0;
       ++step_;
@@ -287,17 +331,20 @@ TEST_F(BadInputTest, EveryMalformedTensorIsRefusedAndWorkerKeepsServing) {
   }
   {
     auto m = Valid();
-    EncodeTensor(torch::zeros({2, 3, 64}), m.mutable_forward()->mutable_input());
+    EncodeTensor(torch::zeros({2, 3, 64}),
+                 m.mutable_forward()->mutable_input());
     ExpectRefused(m, invalid, "rank 3");
   }
   {
     auto m = Valid();
-    EncodeTensor(torch::zeros({2, 3, 8, 9}), m.mutable_forward()->mutable_input());
+    EncodeTensor(torch::zeros({2, 3, 8, 9}),
+                 m.mutable_forward()->mutable_input());
     ExpectRefused(m, invalid, "dimension 3 is 9, expected 8");
   }
   {
     auto m = Valid();
-    EncodeTensor(torch::zeros({3, 3, 8, 8}), m.mutable_forward()->mutable_input());
+    EncodeTensor(torch::zeros({3, 3, 8, 8}),
+                 m.mutable_forward()->mutable_input());
     ExpectRefused(m, invalid, "dimension 0 is 3, expected 2");
   }
   {
@@ -355,7 +402,8 @@ TEST_F(BadInputTest, EveryMalformedTensorIsRefusedAndWorkerKeepsServing) {
   }
   {
     auto m = Valid();
-    m.mutable_forward()->set_learning_rate(std::numeric_limits<double>::infinity());
+    m.mutable_forward()->set_learning_rate(
+        std::numeric_limits<double>::infinity());
     ExpectRefused(m, invalid, "learning rate");
   }
   {
@@ -386,11 +434,12 @@ TEST_F(BadInputTest, HealthIsServingOnlyOnceConfigured) {
   auto status = [&](const WorkerProcess& w) {
     // The health service's wire format: Check(HealthCheckRequest{service})
     // returns HealthCheckResponse{status}; SERVING = 1, NOT_SERVING = 2.
-    auto channel = grpc::CreateChannel(w.address(),
-                                       grpc::InsecureChannelCredentials());
+    auto channel =
+        grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials());
     grpc::GenericStub generic(channel);
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
     grpc::ByteBuffer request, response;
     grpc::Slice empty("", 0);
     request = grpc::ByteBuffer(&empty, 1);
@@ -398,9 +447,8 @@ TEST_F(BadInputTest, HealthIsServingOnlyOnceConfigured) {
     std::condition_variable cv;
     bool done = false;
     grpc::Status result;
-    generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check",
-                      grpc::StubOptions(), &request, &response,
-                      [&](grpc::Status s) {
+    generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                      &request, &response, [&](grpc::Status s) {
                         std::lock_guard<std::mutex> l(mu);
                         result = s;
                         done = true;
@@ -435,6 +483,7 @@ Child StartCli(const std::vector<std::string>& args, const std::string& log) {
   c.log = log;
   c.pid = fork();
   if (c.pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     freopen(log.c_str(), "w", stdout);
     dup2(fileno(stdout), fileno(stderr));
     std::vector<char*> argv;
@@ -482,11 +531,11 @@ TEST(ClusterFailure, KilledWorkerStopsTheRunNamingIt) {
   for (int k = 0; k < 3; ++k) w.push_back(StartWorker(kWorker, dir, k));
   const std::string addrs =
       w[0].address() + "," + w[1].address() + "," + w[2].address();
-  Child cli = StartCli({"train", "--quiet", "--engine=cluster",
-                        "--workers=" + addrs, "--config=" + kSrc +
-                        "/configs/tests/tiny_resnet.pbtxt",
-                        "--steps=100000", "--out=" + dir + "/out"},
-                       dir + "/cli.log");
+  Child cli =
+      StartCli({"train", "--quiet", "--engine=cluster", "--workers=" + addrs,
+                "--config=" + kSrc + "/configs/tests/tiny_resnet.pbtxt",
+                "--steps=100000", "--out=" + dir + "/out"},
+               dir + "/cli.log");
   for (int i = 0; i < 600 && LinesIn(dir + "/out/metrics.jsonl") < 3; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -521,13 +570,13 @@ TEST(ClusterMetrics, EveryProcessExportsItsMetrics) {
   std::string text = ReadFile(kSrc + "/configs/tests/tiny_resnet.pbtxt");
   text.replace(text.find("seed: 1 }"), 9, "seed: 1 eval_every_steps: 5 }");
   std::ofstream(cfg, std::ios::trunc) << text;
-  Child cli = StartCli(
-      {"train", "--quiet", "--engine=cluster",
-       "--workers=" + w[0].address() + "," + w[1].address() + "," +
-           w[2].address(),
-       "--config=" + cfg, "--steps=100000", "--out=" + dir + "/out",
-       "--metrics_port=" + std::to_string(coord_port)},
-      dir + "/cli.log");
+  Child cli =
+      StartCli({"train", "--quiet", "--engine=cluster",
+                "--workers=" + w[0].address() + "," + w[1].address() + "," +
+                    w[2].address(),
+                "--config=" + cfg, "--steps=100000", "--out=" + dir + "/out",
+                "--metrics_port=" + std::to_string(coord_port)},
+               dir + "/cli.log");
   for (int i = 0; i < 600 && LinesIn(dir + "/out/metrics.jsonl") < 12; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -591,11 +640,11 @@ TEST(ClusterLocal, LocalClusterRunsAndLeavesNoOrphans) {
   EXPECT_EQ(digest(r.output), digest(in.output));
   EXPECT_FALSE(digest(r.output).empty());
 
-  Child cli = StartCli({"train", "--quiet", "--engine=cluster",
-                        "--steps=100000", "--config=" + kSrc +
-                        "/configs/tests/tiny_resnet.pbtxt",
-                        "--out=" + dir + "/out2"},
-                       dir + "/cli.log");
+  Child cli =
+      StartCli({"train", "--quiet", "--engine=cluster", "--steps=100000",
+                "--config=" + kSrc + "/configs/tests/tiny_resnet.pbtxt",
+                "--out=" + dir + "/out2"},
+               dir + "/cli.log");
   for (int i = 0; i < 600 && LinesIn(dir + "/out2/metrics.jsonl") < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -605,9 +654,9 @@ TEST(ClusterLocal, LocalClusterRunsAndLeavesNoOrphans) {
   EXPECT_EQ(std::stoi(children.output), 3) << children.output;
   kill(cli.pid, SIGINT);
   EXPECT_NE(WaitExit(cli.pid, 30), -1);
-  auto left = interlock::testing::RunCommand("pgrep -f 'interlock-worker.*" +
-                                             std::string("interlock-cluster") +
-                                             "' | wc -l");
+  // "[i]" keeps pgrep's own shell from matching the pattern.
+  auto left = interlock::testing::RunCommand(
+      "pgrep -f '[i]nterlock-worker.*interlock-cluster' | wc -l");
   EXPECT_EQ(std::stoi(left.output), 0) << left.output;
   std::filesystem::remove_all(dir);
 }

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,7 +35,11 @@ inline WorkerProcess StartWorker(const std::string& binary,
   std::filesystem::remove(port_file);
   const pid_t pid = fork();
   if (pid == 0) {
+    // Die with the test, and keep the test's stdout free: ctest waits for
+    // every holder of that pipe.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     freopen(log.c_str(), "w", stderr);
+    dup2(fileno(stderr), fileno(stdout));
     setenv("OMP_NUM_THREADS", "1", 1);
     execl(binary.c_str(), binary.c_str(), "--host=127.0.0.1", "--port=0",
           "--metrics_port=0", ("--port_file=" + port_file).c_str(), nullptr);

@@ -1,8 +1,9 @@
 // Invalid configurations get a clear error that points at the field.
+#include "services/config.h"
+
 #include <gtest/gtest.h>
 
 #include "coordinator/train.h"
-#include "services/config.h"
 
 namespace interlock {
 namespace {
@@ -15,7 +16,10 @@ constexpr char kBase[] = R"pb(
     partition: "1,1,rest"
     head: "conv8_bn_gbpl_fc"
   }
-  data { kind: SYNTHETIC_IMAGES synthetic_shape: [3, 8, 8] }
+  data {
+    kind: SYNTHETIC_IMAGES
+    synthetic_shape: [ 3, 8, 8 ]
+  }
   training { n: 2 batch_size: 8 steps: 1 }
 )pb";
 
@@ -82,7 +86,11 @@ TEST(Config, BadArchitecture) {
 TEST(Config, MissingDataFileIsReported) {
   auto c = ParseRunConfig(
       R"pb(
-        model { mlp { hidden: 8 } blocks: 2 head: "fc" }
+        model {
+          mlp { hidden: 8 }
+          blocks: 2
+          head: "fc"
+        }
         data { kind: FASHION_MNIST path: "/nonexistent/fmnist" }
         training { steps: 1 }
       )pb",

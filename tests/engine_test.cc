@@ -54,21 +54,24 @@ void ExpectTheta(const std::map<std::string, std::vector<double>>& params,
 
 // DESIGN §1 table, library path.
 TEST(WorkedExamples, E2E) {
-  auto p = ParseParams(MustTrain(Load("configs/tests/example_e2e.pbtxt")).params_json);
+  auto p = ParseParams(
+      MustTrain(Load("configs/tests/example_e2e.pbtxt")).params_json);
   ExpectTheta(p, 0, {0.8});
   ExpectTheta(p, 1, {2.2});
   ExpectTheta(p, 2, {3.4});
 }
 
 TEST(WorkedExamples, OneWay) {
-  auto p = ParseParams(MustTrain(Load("configs/tests/example_1way.pbtxt")).params_json);
+  auto p = ParseParams(
+      MustTrain(Load("configs/tests/example_1way.pbtxt")).params_json);
   ExpectTheta(p, 0, {1.5, 2.5});
   ExpectTheta(p, 1, {2.0, 4.0});
   ExpectTheta(p, 2, {3.4, 3.4});
 }
 
 TEST(WorkedExamples, TwoWay) {
-  auto p = ParseParams(MustTrain(Load("configs/tests/example_2way.pbtxt")).params_json);
+  auto p = ParseParams(
+      MustTrain(Load("configs/tests/example_2way.pbtxt")).params_json);
   ExpectTheta(p, 0, {0.5, 3.5});
   ExpectTheta(p, 1, {2.2, 2.2});
   ExpectTheta(p, 2, {3.4, 3.4});
@@ -76,7 +79,11 @@ TEST(WorkedExamples, TwoWay) {
 
 constexpr char kMlp[] = R"pb(
   name: "mlp"
-  model { mlp { hidden: [32, 24, 16] } blocks: 3 head: "fc" }
+  model {
+    mlp { hidden: [ 32, 24, 16 ] }
+    blocks: 3
+    head: "fc"
+  }
   data {
     kind: SYNTHETIC_VECTORS
     synthetic_shape: 20
@@ -98,7 +105,7 @@ constexpr char kResNet[] = R"pb(
   }
   data {
     kind: SYNTHETIC_IMAGES
-    synthetic_shape: [3, 12, 12]
+    synthetic_shape: [ 3, 12, 12 ]
     synthetic_classes: 4
     synthetic_train: 128
     synthetic_test: 32
@@ -153,7 +160,8 @@ std::map<std::string, std::vector<double>> Monolithic(RunConfig c) {
   std::map<std::string, std::vector<double>> out;
   for (size_t k = 0; k < blocks->size(); ++k) {
     for (auto& kv : (*blocks)[k].block->named_parameters()) {
-      auto flat = kv.value().detach().to(torch::kFloat64).contiguous().view({-1});
+      auto flat =
+          kv.value().detach().to(torch::kFloat64).contiguous().view({-1});
       out["block" + std::to_string(k) + ".block." + kv.key()] =
           std::vector<double>(flat.data_ptr<double>(),
                               flat.data_ptr<double>() + flat.numel());
@@ -239,9 +247,8 @@ TEST(Determinism, ThreadedEqualsSequential) {
   for (const char* text : {kResNet, kTransformer}) {
     RunConfig c = Parse(text);
     c.mutable_training()->set_microbatches(2);
-    for (auto [mode, n, rule] :
-         std::vector<std::tuple<int, int, int>>{{1, 0, 1}, {2, 1, 1},
-                                                {2, 2, 1}, {2, 2, 2}}) {
+    for (auto [mode, n, rule] : std::vector<std::tuple<int, int, int>>{
+             {1, 0, 1}, {2, 1, 1}, {2, 2, 1}, {2, 2, 2}}) {
       c.mutable_training()->set_mode(
           static_cast<interlock::v1::TrainingSpec::Mode>(mode));
       c.mutable_training()->set_n(n);
@@ -249,8 +256,8 @@ TEST(Determinism, ThreadedEqualsSequential) {
           static_cast<interlock::v1::TrainingSpec::Rule>(rule));
       const auto seq = MustTrain(c, false, Schedule::kSequential);
       const auto thr = MustTrain(c, false, Schedule::kThreaded);
-      EXPECT_EQ(seq.digest, thr.digest) << c.name() << " mode " << mode
-                                        << " n " << n << " rule " << rule;
+      EXPECT_EQ(seq.digest, thr.digest)
+          << c.name() << " mode " << mode << " n " << n << " rule " << rule;
       EXPECT_EQ(seq.steps, c.training().steps());
     }
   }

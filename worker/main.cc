@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "services/runtime.h"
 #include "worker/server.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
@@ -24,6 +25,7 @@ ABSL_FLAG(int64_t, max_message_bytes, 256 << 20,
           "largest message accepted on any RPC");
 
 int main(int argc, char** argv) {
+  interlock::TuneAllocator();
   absl::SetProgramUsageMessage(
       "interlock-worker [--host H] [--port P] [--metrics_port M] "
       "[--port_file F] [--max_message_bytes B]");

@@ -139,8 +139,8 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
         "configure: block ", req.block(), " outside [0, ", k_blocks, ")"));
   }
   if (req.block() + 1 < k_blocks && req.next_address().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "configure: block ", req.block(), " needs next_address"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("configure: block ", req.block(), " needs next_address"));
   }
   if (req.max_message_bytes() > options_.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -185,8 +185,8 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
       req.block() == 0 ? SampleShape(shape) : outputs[req.block() - 1];
   run->output_shape = outputs[req.block()];
   run->target_shape = TargetShape(shape);
-  run->input_dtype = req.block() == 0 && shape.is_text ? torch::kInt64
-                                                       : torch::kFloat32;
+  run->input_dtype =
+      req.block() == 0 && shape.is_text ? torch::kInt64 : torch::kFloat32;
   run->metrics = &metrics_->ForBlock(req.block());
   int64_t params = 0;
   for (const auto& [name, t] : trainer->NamedState()) params += t.numel();
@@ -278,8 +278,8 @@ void WorkerCore::GetState(
     v1::GetStateResponse resp;
     resp.set_step(run_->driver->current_step());
     for (const auto& [name, t] : run_->driver->trainer().NamedState()) {
-      auto* nt = name.rfind("head.", 0) == 0 ? resp.add_head()
-                                             : resp.add_block();
+      auto* nt =
+          name.rfind("head.", 0) == 0 ? resp.add_head() : resp.add_block();
       nt->set_name(name);
       EncodeTensor(t, nt->mutable_tensor());
     }
@@ -302,19 +302,16 @@ void WorkerCore::Detach(const UpstreamSink* sink) {
   if (sink_.get() == sink) sink_.reset();
 }
 
-void WorkerCore::OnDown(const UpstreamSink* from, v1::DownMessage msg) {
-  Post([this, from, msg = std::move(msg)]() mutable {
+void WorkerCore::OnDown(std::shared_ptr<UpstreamSink> from,
+                        v1::DownMessage msg) {
+  // Messages are processed even if their stream was replaced meanwhile: they
+  // were delivered, and the driver's checks refuse anything stale.
+  Post([this, from = std::move(from), msg = std::move(msg)]() mutable {
     if (run_) run_->metrics->received_down_bytes->Increment(msg.ByteSizeLong());
-    std::shared_ptr<UpstreamSink> sink;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      sink = sink_;
-    }
-    if (sink.get() != from) return;  // a stream that was replaced
     absl::Status s = HandleDown(std::move(msg));
     if (!s.ok()) {
       if (run_) run_->metrics->rejected->Increment();
-      sink->Finish(s);
+      from->Finish(s);
     }
   });
 }
@@ -331,9 +328,9 @@ absl::Status WorkerCore::HandleDown(v1::DownMessage msg) {
         run_->run_id, "' generation ", run_->generation));
   }
   if (h.route().block() != run_->block || h.route().replica() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block ", run_->block, ": message routed to block ", h.route().block(),
-        " replica ", h.route().replica()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", run_->block, ": message routed to block ",
+                     h.route().block(), " replica ", h.route().replica()));
   }
   if (run_->failed) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -382,15 +379,14 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
                                WithBatch(r.mb_size, r.sample_shape),
                                where + " input"));
   RETURN_IF_ERROR(ExpectFinite(input, where + " input"));
-  ASSIGN_OR_RETURN(torch::Tensor target, DecodeTensor(f.target(),
-                                                      where + " target",
-                                                      options_.limits));
+  ASSIGN_OR_RETURN(
+      torch::Tensor target,
+      DecodeTensor(f.target(), where + " target", options_.limits));
   RETURN_IF_ERROR(ExpectTensor(target, torch::kInt64,
                                WithBatch(r.mb_size, r.target_shape),
                                where + " target"));
-  if (target.numel() > 0 &&
-      (target.min().item<int64_t>() < 0 ||
-       target.max().item<int64_t>() >= r.classes)) {
+  if (target.numel() > 0 && (target.min().item<int64_t>() < 0 ||
+                             target.max().item<int64_t>() >= r.classes)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": target values outside [0, ", r.classes, ")"));
   }
@@ -421,11 +417,11 @@ absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
   RETURN_IF_ERROR(ExpectTensor(input, r.input_dtype,
                                WithBatch(b, r.sample_shape), where + " input"));
   RETURN_IF_ERROR(ExpectFinite(input, where + " input"));
-  ASSIGN_OR_RETURN(torch::Tensor target, DecodeTensor(e.target(),
-                                                      where + " target",
-                                                      options_.limits));
-  RETURN_IF_ERROR(ExpectTensor(target, torch::kInt64,
-                               WithBatch(b, r.target_shape), where + " target"));
+  ASSIGN_OR_RETURN(
+      torch::Tensor target,
+      DecodeTensor(e.target(), where + " target", options_.limits));
+  RETURN_IF_ERROR(ExpectTensor(
+      target, torch::kInt64, WithBatch(b, r.target_shape), where + " target"));
   ASSIGN_OR_RETURN(EvalResult res, r.driver->trainer().Evaluate(input, target));
   v1::UpMessage up;
   auto* er = up.mutable_eval();
@@ -502,8 +498,8 @@ void WorkerCore::FailRun(int block, const std::string& address,
   }
   if (sink) {
     sink->Finish(absl::Status(
-        s.code(), absl::StrCat("block ", block, " (", address, "): ",
-                               s.message())));
+        s.code(),
+        absl::StrCat("block ", block, " (", address, "): ", s.message())));
   }
 }
 

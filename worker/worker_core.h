@@ -59,18 +59,22 @@ class WorkerCore {
   ~WorkerCore();
 
   // Asynchronous: `done` runs on the executor thread.
-  void Configure(const interlock::v1::ConfigureRequest& request,
-                 std::function<void(absl::StatusOr<interlock::v1::ConfigureResponse>)>
-                     done);
-  void GetState(const interlock::v1::GetStateRequest& request,
-                std::function<void(absl::StatusOr<interlock::v1::GetStateResponse>)>
-                    done);
+  void Configure(
+      const interlock::v1::ConfigureRequest& request,
+      std::function<void(absl::StatusOr<interlock::v1::ConfigureResponse>)>
+          done);
+  void GetState(
+      const interlock::v1::GetStateRequest& request,
+      std::function<void(absl::StatusOr<interlock::v1::GetStateResponse>)>
+          done);
 
   // A new incoming stream replaces the previous one.
   void Attach(std::shared_ptr<UpstreamSink> sink);
   void Detach(const UpstreamSink* sink);
-  // A message read from the incoming stream `from`.
-  void OnDown(const UpstreamSink* from, interlock::v1::DownMessage msg);
+  // A message read from the incoming stream `from`; an error in it ends
+  // that stream with the error.
+  void OnDown(std::shared_ptr<UpstreamSink> from,
+              interlock::v1::DownMessage msg);
 
   bool configured() const;
   // Called with true once a block is configured (health SERVING).

@@ -62,7 +62,7 @@ class StreamReactor
       FinishOnce(absl::OkStatus());
       return;
     }
-    core_->OnDown(sink_.get(), std::move(in_));
+    core_->OnDown(sink_, std::move(in_));
     in_.Clear();
     StartRead(&in_);
   }
@@ -136,11 +136,11 @@ grpc::ServerUnaryReactor* WorkerService::Configure(
     grpc::CallbackServerContext* ctx, const v1::ConfigureRequest* request,
     v1::ConfigureResponse* response) {
   auto* reactor = ctx->DefaultReactor();
-  core_->Configure(*request,
-                   [reactor, response](absl::StatusOr<v1::ConfigureResponse> r) {
-                     if (r.ok()) *response = *std::move(r);
-                     reactor->Finish(ToGrpcStatus(r.status()));
-                   });
+  core_->Configure(
+      *request, [reactor, response](absl::StatusOr<v1::ConfigureResponse> r) {
+        if (r.ok()) *response = *std::move(r);
+        reactor->Finish(ToGrpcStatus(r.status()));
+      });
   return reactor;
 }
 

@@ -16,8 +16,7 @@ class WorkerService final : public interlock::v1::Worker::CallbackService {
       grpc::CallbackServerContext* ctx,
       const interlock::v1::ConfigureRequest* request,
       interlock::v1::ConfigureResponse* response) override;
-  grpc::ServerBidiReactor<interlock::v1::DownMessage,
-                          interlock::v1::UpMessage>*
+  grpc::ServerBidiReactor<interlock::v1::DownMessage, interlock::v1::UpMessage>*
   Stream(grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* GetState(
       grpc::CallbackServerContext* ctx,

@@ -18,6 +18,11 @@
 #   MODES="e2e 1 2 2sum 3 4"   e2e, n (FURTHEST rule) or nsum (SUM rule)
 #   CONFIGS="fmnist ref"       fmnist = configs/fmnist_resnet_k4.pbtxt,
 #                              ref = configs/bench/resnet_ref_k4.pbtxt, or paths
+#   ALLOC=default  glibc malloc as the binary uses it. ALLOC=tuned sets
+#                GLIBC_TUNABLES so that freed memory stays in the heap (mmap
+#                and trim thresholds 4 GiB): the default hands large blocks
+#                back to the kernel when they are freed and page-faults them in
+#                again on the next step (see docs/BENCHMARKS.md).
 #   INTERLOCK=build/coordinator/interlock
 #   KEEP=DIR     keep the run folders and runs.tsv in DIR (default: a temporary
 #                folder, removed at the end)
@@ -36,6 +41,17 @@ THREADS=${THREADS:-1}
 MODES=${MODES:-"e2e 1 2 2sum 3 4"}
 CONFIGS=${CONFIGS:-"fmnist ref"}
 INTERLOCK=${INTERLOCK:-build/coordinator/interlock}
+ALLOC=${ALLOC:-default}
+case $ALLOC in
+  default) ;;
+  tuned)
+    export GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296
+    ;;
+  *)
+    echo "step_time.sh: ALLOC=$ALLOC, expected default or tuned" >&2
+    exit 2
+    ;;
+esac
 
 if [[ ! -x "$INTERLOCK" ]]; then
   echo "step_time.sh: $INTERLOCK not found; run 'make build' first" >&2
@@ -102,17 +118,21 @@ export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$T
 read -r -a mode_list <<<"$MODES"
 nmodes=${#mode_list[@]}
 echo "step_time.sh: $ROUNDS rounds x configs [$CONFIGS] x modes [$MODES]," \
-  "$STEPS steps each, $THREADS thread(s)" >&2
+  "$STEPS steps each, $THREADS thread(s), $ALLOC allocator" >&2
 for ((r = 0; r < ROUNDS; r++)); do
   for c in $CONFIGS; do
     for ((i = 0; i < nmodes; i++)); do
       mode=${mode_list[$(((i + r) % nmodes))]}
       dir="$work/${config_name[$c]}.$mode.r$r"
+      timer=()
+      if [[ -x /usr/bin/time ]]; then
+        timer=(/usr/bin/time -o "$dir.time" -f '%R %U %S')
+      fi
       # shellcheck disable=SC2046
       set -- $(mode_flags "$mode")
       stall0=$(cpu_stall_us)
       t0=$(now_us)
-      if ! "$INTERLOCK" train --config "${config_file[$c]}" "$@" \
+      if ! "${timer[@]}" "$INTERLOCK" train --config "${config_file[$c]}" "$@" \
           --threads-per-block "$THREADS" --schedule sequential --quiet \
           --steps "$STEPS" --out "$dir" >"$dir.log" 2>&1; then
         echo "step_time.sh: run failed: ${config_name[$c]} $mode (log below)" >&2
@@ -123,8 +143,10 @@ for ((r = 0; r < ROUNDS; r++)); do
       stall1=$(cpu_stall_us)
       stall=""
       if [[ -n "$stall0" && -n "$stall1" ]]; then stall=$((stall1 - stall0)); fi
-      printf '%s\t%s\t%d\t%s\t%s\t%d\n' "${config_name[$c]}" "$mode" "$r" \
-        "$dir" "$stall" "$((t1 - t0))" >>"$work/runs.tsv"
+      usage=""  # minor page faults, user s, system s
+      if [[ -s "$dir.time" ]]; then usage=$(tail -n 1 "$dir.time"); fi
+      printf '%s\t%s\t%d\t%s\t%s\t%d\t%s\n' "${config_name[$c]}" "$mode" \
+        "$r" "$dir" "$stall" "$((t1 - t0))" "$usage" >>"$work/runs.tsv"
       echo "  round $((r + 1))/$ROUNDS ${config_name[$c]} $mode:" \
         "$(((t1 - t0) / 1000)) ms" >&2
     done
@@ -133,6 +155,7 @@ done
 
 echo
 echo "Median step time, batch from the config, $THREADS thread(s)," \
-  "sequential schedule, $ROUNDS rounds x $STEPS steps (first $WARMUP dropped)."
+  "sequential schedule, $ALLOC allocator, $ROUNDS rounds x $STEPS steps" \
+  "(first $WARMUP dropped)."
 echo
 python3 tests/bench/step_time_stats.py --warmup "$WARMUP" "$work"

@@ -4,6 +4,7 @@
 Reads RESULTS/runs.tsv, one line per `interlock train` run:
 
     config <TAB> mode <TAB> round <TAB> run folder <TAB> cpu stall us <TAB> wall us
+        [<TAB> "minor-page-faults user-s system-s" of the whole process]
 
 and each run folder's metrics.jsonl, and prints Markdown tables of step time.
 
@@ -19,6 +20,10 @@ CPU stall: the growth of the "some" total of /proc/pressure/cpu during the run
 divided by the run's wall time: the share of time some task on the machine
 waited for a core. It shows how much the other users of the 2 cores disturbed a
 run (0 when the kernel has no PSI).
+
+Page faults and system time (from /usr/bin/time, whole process including
+start-up and evaluation) show how much of a run went to the kernel handing
+memory back and forth.
 """
 import argparse
 import json
@@ -84,9 +89,15 @@ def main():
     with open(os.path.join(args.results, "runs.tsv")) as f:
         for line in f:
             parts = line.rstrip("\n").split("\t")
-            if len(parts) != 6:
+            if len(parts) < 6:
                 continue
-            config, mode, rnd, run_dir, stall_us, wall_us = parts
+            config, mode, rnd, run_dir, stall_us, wall_us = parts[:6]
+            usage = parts[6].split() if len(parts) > 6 else []
+            faults = sys_share = None
+            if len(usage) == 3:
+                faults = float(usage[0])
+                cpu = float(usage[1]) + float(usage[2])
+                sys_share = float(usage[2]) / cpu if cpu > 0 else 0.0
             key = (config, mode)
             if key not in runs:
                 runs[key] = []
@@ -96,7 +107,7 @@ def main():
             stall = (float(stall_us) / float(wall_us)
                      if float(wall_us) > 0 and stall_us != "" else 0.0)
             runs[key].append((int(rnd), times, stall,
-                              batch_size(run_dir)))
+                              batch_size(run_dir), faults, sys_share))
 
     if not runs:
         print("no runs recorded", file=sys.stderr)
@@ -110,28 +121,36 @@ def main():
 
     medians = {}
     print("| config | mode | median s/step | p10 s/step | samples/s | "
-          "ratio vs E2E | per-round medians (s) | steps timed | CPU stall |")
-    print("|---|---|---:|---:|---:|---:|---|---:|---:|")
+          "ratio vs E2E | per-round medians (s) | steps timed | CPU stall | "
+          "page faults/run | system time |")
+    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     for c in configs:
         keys = [k for k in order if k[0] == c]
         for key in keys:
-            pooled = [t for _, ts, _, _ in runs[key] for t in ts]
+            pooled = [t for _, ts, *_ in runs[key] for t in ts]
             medians[key] = statistics.median(pooled) if pooled else float("nan")
         e2e = medians.get((c, "e2e"))
         for key in keys:
             rows = runs[key]
-            pooled = [t for _, ts, _, _ in rows for t in ts]
+            pooled = [t for _, ts, *_ in rows for t in ts]
             med = medians[key]
-            batch = max(b for *_, b in rows)
+            batch = max(r[3] for r in rows)
             sps = batch / med if med > 0 and batch > 0 else float("nan")
             ratio = f"{med / e2e:.2f}" if e2e else "n/a"
             per_round = "/".join(
-                f"{statistics.median(ts):.3f}" for _, ts, _, _ in
+                f"{statistics.median(ts):.3f}" for _, ts, *_ in
                 sorted(rows) if ts)
-            stall = statistics.mean(s for _, _, s, _ in rows)
+            stall = statistics.mean(r[2] for r in rows)
+            faults = [r[4] for r in rows if r[4] is not None]
+            shares = [r[5] for r in rows if r[5] is not None]
+            fault_txt = (f"{statistics.mean(faults) / 1000:.0f}k"
+                         if faults else "n/a")
+            share_txt = (f"{100 * statistics.mean(shares):.0f}%"
+                         if shares else "n/a")
             print(f"| {c} | {MODE_LABELS.get(key[1], key[1])} | {med:.3f} | "
                   f"{percentile(pooled, 10):.3f} | {sps:.0f} | {ratio} | "
-                  f"{per_round} | {len(pooled)} | {100 * stall:.0f}% |")
+                  f"{per_round} | {len(pooled)} | {100 * stall:.0f}% | "
+                  f"{fault_txt} | {share_txt} |")
 
     # What the n-way entries add over 1-way: input-gradient-only passes
     # (see docs/BENCHMARKS.md for the count per mode).
