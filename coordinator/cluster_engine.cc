@@ -56,6 +56,14 @@ class ClusterEngine : public Engine {
       p.stub = v1::Worker::NewStub(p.channel);
       peers_.push_back(std::move(p));
     }
+    for (size_t k = 0; k < peers_.size(); ++k) {
+      if (!peers_[k].channel->WaitForConnected(
+              absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
+        return absl::UnavailableError(absl::StrCat(
+            "worker ", k, " (", peers_[k].address, "): not reachable within ",
+            absl::FormatDuration(options_.connect_timeout)));
+      }
+    }
     // Last block first, so each worker's downstream is ready when it opens
     // its link.
     for (int k = k_blocks - 1; k >= 0; --k) {

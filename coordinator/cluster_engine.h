@@ -18,6 +18,9 @@ namespace interlock {
 
 struct ClusterOptions {
   std::vector<std::string> workers;  // one address per block, in order
+  // A worker not reachable within this stops the run, naming it.
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Deadline of unary calls (Configure builds the block, so it is generous).
   absl::Duration rpc_deadline = absl::Seconds(120);
   // No event for this long stops the run (a stalled chain never hangs).
   absl::Duration stall_timeout = absl::Seconds(600);

@@ -20,8 +20,8 @@
 #include "absl/strings/str_split.h"
 #include "coordinator/local_cluster.h"
 #include "coordinator/train.h"
-#include "services/runtime.h"
 #include "services/config.h"
+#include "services/runtime.h"
 
 ABSL_FLAG(std::string, config, "", "RunConfig file (protobuf text format)");
 ABSL_FLAG(std::string, mode, "", "e2e or interlock (overrides the config)");
@@ -51,6 +51,8 @@ ABSL_FLAG(std::string, workers, "",
           "empty starts a local cluster on loopback");
 ABSL_FLAG(std::string, worker_binary, "",
           "local cluster: the interlock-worker executable");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
+          "cluster: how long to wait for each worker to be reachable");
 ABSL_FLAG(int, metrics_port, -1,
           "serve the coordinator's /metrics on this port (-1: off)");
 
@@ -163,6 +165,7 @@ int RunTrain() {
   }
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   options.on_cluster = [](interlock::LocalCluster* c) {
     std::lock_guard<std::mutex> l(g_cluster_mu);
     g_cluster = c;

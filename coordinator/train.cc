@@ -368,6 +368,7 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
   if (options.engine == EngineKind::kCluster) {
     ClusterOptions co;
     co.workers = options.workers;
+    co.connect_timeout = options.connect_timeout;
     if (co.workers.empty()) {
       ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
       ASSIGN_OR_RETURN(local,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/config.pb.h"
 
 namespace interlock {
@@ -37,6 +38,8 @@ struct TrainOptions {
   std::string worker_binary;  // empty: next to this executable
   // Coordinator /metrics: -1 off, 0 any free port.
   int metrics_port = -1;
+  // Cluster: how long to wait for a worker to be reachable.
+  absl::Duration connect_timeout = absl::Seconds(30);
   std::string metrics_host = "0.0.0.0";
   // Receives the local cluster while it runs (nullptr once stopped), so a
   // signal handler can stop it.

@@ -22,8 +22,8 @@ int ClampBytes(int64_t bytes) {
 void PinCallbackQueue() {
   static std::once_flag once;
   std::call_once(once, [] {
-    auto* channel = new std::shared_ptr<grpc::Channel>(grpc::CreateChannel(
-        "127.0.0.1:1", grpc::InsecureChannelCredentials()));
+    auto* channel = new std::shared_ptr<grpc::Channel>(
+        grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()));
     auto* stub = new grpc::GenericStub(*channel);
     auto* ctx = new grpc::ClientContext;
     ctx->set_deadline(std::chrono::system_clock::now() +

@@ -552,6 +552,22 @@ TEST(ClusterFailure, KilledWorkerStopsTheRunNamingIt) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(ClusterFailure, UnreachableWorkerIsNamedQuickly) {
+  const auto start = std::chrono::steady_clock::now();
+  auto r = interlock::testing::RunCommand(
+      kCli + " train --quiet --engine cluster --connect-timeout 2s" +
+      " --workers 127.0.0.1:1,127.0.0.1:2,127.0.0.1:3 --config " + kSrc +
+      "/configs/tests/tiny_resnet.pbtxt");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("worker 0 (127.0.0.1:1): not reachable"),
+            std::string::npos)
+      << r.output;
+  EXPECT_LT(seconds, 20.0);
+}
+
 TEST(ClusterMetrics, EveryProcessExportsItsMetrics) {
   const std::string dir = MakeTempDir("metrics");
   std::vector<WorkerProcess> w;
