@@ -23,6 +23,11 @@ void TuneAllocator() {
   // trim threshold alone still serves large blocks by mmap.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // One arena: a block's executor thread otherwise gets an arena of its own
+  // whose heaps are still handed back and faulted in every step (measured
+  // ~80 MB of fresh pages per step in worker 0, BENCHMARKS.md). Our threads
+  // are few, so the shared arena's lock costs nothing measurable.
+  mallopt(M_ARENA_MAX, 1);
 }
 
 }  // namespace interlock

@@ -18,11 +18,14 @@
 #   MODES="e2e 1 2 2sum 3 4"   e2e, n (FURTHEST rule) or nsum (SUM rule)
 #   CONFIGS="fmnist ref"       fmnist = configs/fmnist_resnet_k4.pbtxt,
 #                              ref = configs/bench/resnet_ref_k4.pbtxt, or paths
-#   ALLOC=default  glibc malloc as the binary uses it. ALLOC=tuned sets
-#                GLIBC_TUNABLES so that freed memory stays in the heap (mmap
-#                and trim thresholds 4 GiB): the default hands large blocks
-#                back to the kernel when they are freed and page-faults them in
-#                again on the next step (see docs/BENCHMARKS.md).
+#   ALLOC=default  malloc as the binary sets it up. Since commit a2e8631 the
+#                binaries' main() keeps freed memory in the heap themselves
+#                (mallopt: mmap threshold 32 MiB, trim threshold 1 GiB; see
+#                docs/BENCHMARKS.md). ALLOC=tuned also exports GLIBC_TUNABLES
+#                with both thresholds at 4 GiB; with the current binaries the
+#                mallopt calls override it, so it only matters for binaries
+#                built before that commit (the "d177b28 + GLIBC_TUNABLES" rows
+#                in the doc).
 #   INTERLOCK=build/coordinator/interlock
 #   KEEP=DIR     keep the run folders and runs.tsv in DIR (default: a temporary
 #                folder, removed at the end)
@@ -57,7 +60,7 @@ if [[ ! -x "$INTERLOCK" ]]; then
   echo "step_time.sh: $INTERLOCK not found; run 'make build' first" >&2
   exit 2
 fi
-if (( STEPS < WARMUP + 3 )); then
+if (( STEPS < WARMUP + 1 )); then
   echo "step_time.sh: STEPS=$STEPS leaves no timed steps after WARMUP=$WARMUP" >&2
   exit 2
 fi

@@ -8,13 +8,13 @@ Reads RESULTS/runs.tsv, one line per `interlock train` run:
 
 and each run folder's metrics.jsonl, and prints Markdown tables of step time.
 
-Step time. In the sequential schedule the coordinator keeps 2*M micro-batches
-in flight and `Submit` runs a whole step synchronously, so step s's line is
-written just after step s+1 has finished: the differences of wall_seconds are
-still one step each (difference i is step i+2; steps 0 and 1 and start-up
-are in the first line alone) and the last is ~0 (the final step was already
-done). Steps below --warmup and the last difference are dropped; the rest,
-over all rounds of a (config, mode), are pooled and their median reported.
+Step time. The run driver writes step s's line as soon as step s has finished
+everywhere (wall_seconds = seconds since the start of training at that
+moment), so difference i of wall_seconds is the time of step i+1; step 0 and
+start-up are in the first line alone. Steps below --warmup are dropped; the
+rest, over all rounds of a (config, mode), are pooled and their median
+reported. (Binaries before commit a2e8631 wrote each line a step late in the
+sequential schedule; their numbers need the older version of this script.)
 
 CPU stall: the growth of the "some" total of /proc/pressure/cpu during the run
 divided by the run's wall time: the share of time some task on the machine
@@ -64,9 +64,9 @@ def step_times(metrics_path, warmup):
                 walls.append((rec["step"], rec["wall_seconds"]))
     walls.sort()
     diffs = [b[1] - a[1] for a, b in zip(walls, walls[1:])]
-    # diffs[i] is the time of step i+2 (see the module comment): keep steps
-    # warmup, warmup+1, ... and drop the final ~0 difference.
-    return diffs[max(0, warmup - 2):-1]
+    # diffs[i] is the time of step i+1 (see the module comment): keep steps
+    # warmup, warmup+1, ...
+    return diffs[max(0, warmup - 1):]
 
 
 def batch_size(run_dir):
