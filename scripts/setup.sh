@@ -9,7 +9,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgoogle-glog-dev libgflags-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev zlib1g-dev
-  dataset-fashion-mnist bible-kjv gnuplot-nox
+  dataset-fashion-mnist bible-kjv gnuplot-nox procps python3
 )
 
 missing=()
