@@ -471,6 +471,131 @@ TEST_F(BadInputTest, HealthIsServingOnlyOnceConfigured) {
   StopWorker(fresh);
 }
 
+// A hostile block k+1: answers every forward with the gradient list the test
+// chose (NaN values, a wrong shape).
+class HostileDownstream final : public v1::Worker::Service {
+ public:
+  explicit HostileDownstream(std::function<torch::Tensor(c10::IntArrayRef)> g)
+      : gradient_(std::move(g)) {}
+  grpc::Status Stream(grpc::ServerContext* ctx,
+                      grpc::ServerReaderWriter<v1::UpMessage, v1::DownMessage>*
+                          stream) override {
+    v1::DownMessage down;
+    while (stream->Read(&down)) {
+      if (!down.has_forward()) continue;
+      std::vector<int64_t> shape(down.forward().input().shape().begin(),
+                                 down.forward().input().shape().end());
+      v1::UpMessage up;
+      up.mutable_upward()->set_step(down.forward().step());
+      up.mutable_upward()->set_microbatch(down.forward().microbatch());
+      EncodeTensor(gradient_(shape), up.mutable_upward()->add_gradients());
+      stream->Write(up);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::function<torch::Tensor(c10::IntArrayRef)> gradient_;
+};
+
+void ExpectGradientRefused(std::function<torch::Tensor(c10::IntArrayRef)> g,
+                           const std::string& fragment) {
+  const std::string dir = MakeTempDir("hostile");
+  HostileDownstream fake(std::move(g));
+  grpc::ServerBuilder builder;
+  int fake_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &fake_port);
+  builder.RegisterService(&fake);
+  auto server = builder.BuildAndStart();
+  ASSERT_GT(fake_port, 0);
+  const std::string fake_address = "127.0.0.1:" + std::to_string(fake_port);
+  WorkerProcess w = StartWorker(kWorker, dir, 0);
+  auto stub = v1::Worker::NewStub(
+      grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials()));
+  auto configure = [&](const std::string& run_id) {
+    v1::ConfigureRequest req;
+    req.set_run_id(run_id);
+    req.set_generation(1);
+    *req.mutable_config() = Parse(R"pb(
+      model {
+        resnet { architecture: "8,1/16,1" }
+        partition: "2,rest"
+        head: "gbpl_fc"
+      }
+      data {
+        kind: SYNTHETIC_IMAGES
+        synthetic_shape: [ 3, 8, 8 ]
+        synthetic_classes: 4
+      }
+      training { mode: INTERLOCK n: 2 batch_size: 2 }
+    )pb");
+    req.set_block(0);
+    req.set_num_blocks(2);
+    req.set_next_address(fake_address);
+    auto* s = req.mutable_shape();
+    s->set_channels(3);
+    s->set_height(8);
+    s->set_width(8);
+    s->set_classes(4);
+    req.set_max_message_bytes(1 << 20);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    v1::ConfigureResponse resp;
+    return stub->Configure(&ctx, req, &resp);
+  };
+  ASSERT_TRUE(configure("hostile-1").ok());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->Stream(&ctx);
+  v1::DownMessage m;
+  m.mutable_header()->set_run_id("hostile-1");
+  m.mutable_header()->set_generation(1);
+  auto* f = m.mutable_forward();
+  f->set_microbatches(1);
+  f->set_learning_rate(0.1);
+  EncodeTensor(torch::rand({2, 3, 8, 8}), f->mutable_input());
+  EncodeTensor(torch::tensor({0, 1}, torch::kInt64), f->mutable_target());
+  stream->Write(m);
+  v1::UpMessage up;
+  std::string failure;
+  while (stream->Read(&up)) {
+    if (up.has_failure()) failure = up.failure().message();
+  }
+  grpc::Status st = stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << st.error_message();
+  EXPECT_NE(st.error_message().find(fragment), std::string::npos)
+      << st.error_message();
+  EXPECT_NE(st.error_message().find(fake_address), std::string::npos)
+      << "names the peer that sent it: " << st.error_message();
+  EXPECT_NE(failure.find(fragment), std::string::npos) << failure;
+  // The worker survives and takes the next run.
+  EXPECT_TRUE(configure("hostile-2").ok());
+  StopWorker(w);
+  server->Shutdown();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HostileNeighbour, NonFiniteGradientsAreRefused) {
+  ExpectGradientRefused(
+      [](c10::IntArrayRef shape) {
+        return torch::full(shape, std::numeric_limits<float>::infinity());
+      },
+      "NaN or infinite");
+}
+
+TEST(HostileNeighbour, MisshapenGradientsAreRefused) {
+  ExpectGradientRefused(
+      [](c10::IntArrayRef shape) {
+        std::vector<int64_t> wrong(shape.begin(), shape.end());
+        wrong.back() += 1;
+        return torch::zeros(wrong);
+      },
+      "gradient 0 from block 1");
+}
+
 // --- Failures and metrics with the CLI as the coordinator. ---------------
 
 struct Child {
