@@ -9,7 +9,8 @@
 
 namespace interlock {
 
-// Shortest round-trip form; non-finite values become null.
+// 17 significant digits: reads back as the same double. Non-finite values
+// become null.
 inline std::string JsonNumber(double v) {
   if (!std::isfinite(v)) return "null";
   return absl::StrFormat("%.17g", v);
