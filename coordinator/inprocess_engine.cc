@@ -24,8 +24,16 @@ class InProcessEngine : public Engine {
   absl::Status Init(const interlock::v1::RunConfig& config,
                     const DataShape& shape) {
     ASSIGN_OR_RETURN(int k_blocks, NumBlocks(config.model()));
+    // One build for all blocks: the same values BlockTrainer::Create gives
+    // each worker, without building the whole model K times.
+    const TrainerOptions first = TrainerOptionsFromConfig(config, 0, k_blocks);
+    ASSIGN_OR_RETURN(auto modules, BuildModel(config.model(), shape, !first.e2e,
+                                              config.training().seed()));
     for (int k = 0; k < k_blocks; ++k) {
-      ASSIGN_OR_RETURN(auto trainer, BlockTrainer::Create(config, shape, k));
+      ASSIGN_OR_RETURN(auto trainer,
+                       BlockTrainer::FromModules(
+                           TrainerOptionsFromConfig(config, k, k_blocks),
+                           std::move(modules[k]), config.optimizer()));
       BlockDriver::Callbacks cb;
       cb.send_down = [this, k](ForwardMsg m) { Deliver(k + 1, std::move(m)); };
       cb.send_up = [this, k](UpwardMsg m) {

@@ -127,7 +127,6 @@ class Runner {
         eval_log_.emplace_back(s + 1, std::move(evals));
       }
     }
-    total_ = total;
     while (next_emit_ < total || MinStepsDone() < total) {
       RETURN_IF_ERROR(HandleNext());
     }
@@ -337,7 +336,6 @@ class Runner {
   Clock::time_point start_;
   std::ofstream metrics_;
   int in_flight_ = 0;
-  int64_t total_ = 0;
   int64_t next_emit_ = 0;
   std::map<int64_t, StepAgg> steps_;
   std::map<int64_t, double> lrs_;

@@ -26,16 +26,10 @@ void StreamClient::CloseWrites() {
   MaybeWriteLocked();
 }
 
-size_t StreamClient::queued() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return queue_.size();
-}
-
 void StreamClient::MaybeWriteLocked() {
   if (writing_ || done_) return;
   if (!queue_.empty()) {
     writing_ = true;
-    if (handlers_.on_sent) handlers_.on_sent(queue_.front().ByteSizeLong());
     StartWrite(&queue_.front());
   } else if (close_requested_ && !closed_) {
     closed_ = true;

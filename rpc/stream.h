@@ -24,7 +24,6 @@ class StreamClient : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
     // Called once when the stream has ended (after CloseWrites, an error, or
     // the peer going away).
     std::function<void(const grpc::Status&)> on_done;
-    std::function<void(size_t bytes)> on_sent;
   };
 
   // Opens the stream. The returned object stays alive until on_done ran and
@@ -36,7 +35,6 @@ class StreamClient : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
   // Half-closes: the peer sees the end of its reads and finishes.
   void CloseWrites();
   void Cancel() { ctx_.TryCancel(); }
-  size_t queued() const;
 
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;
@@ -49,7 +47,7 @@ class StreamClient : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
   Handlers handlers_;
   grpc::ClientContext ctx_;
   interlock::v1::UpMessage incoming_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::deque<interlock::v1::DownMessage> queue_;
   bool writing_ = false;
   bool close_requested_ = false;

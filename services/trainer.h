@@ -79,7 +79,7 @@ class BlockTrainer {
   static absl::StatusOr<std::unique_ptr<BlockTrainer>> Create(
       const interlock::v1::RunConfig& config, const DataShape& shape,
       int block);
-  // Wraps ready-made modules (tests, the monolithic comparisons).
+  // Wraps ready-made modules (the in-process engine builds all blocks once).
   static absl::StatusOr<std::unique_ptr<BlockTrainer>> FromModules(
       const TrainerOptions& options, BlockModules modules,
       const interlock::v1::OptimizerSpec& optimizer);

@@ -192,6 +192,30 @@ constexpr char kOneBlock[] = R"pb(
   training { mode: INTERLOCK n: 1 batch_size: 4 microbatches: 2 }
 )pb";
 
+// Configures block 0 of `config` (3x8x8 images, 4 classes) on a worker, as
+// the coordinator would.
+grpc::Status ConfigureBlock0(v1::Worker::Stub* stub, const std::string& run_id,
+                             const char* config, int num_blocks,
+                             const std::string& next_address) {
+  v1::ConfigureRequest req;
+  req.set_run_id(run_id);
+  req.set_generation(1);
+  *req.mutable_config() = Parse(config);
+  req.set_block(0);
+  req.set_num_blocks(num_blocks);
+  req.set_next_address(next_address);
+  auto* s = req.mutable_shape();
+  s->set_channels(3);
+  s->set_height(8);
+  s->set_width(8);
+  s->set_classes(4);
+  req.set_max_message_bytes(1 << 20);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::ConfigureResponse resp;
+  return stub->Configure(&ctx, req, &resp);
+}
+
 class BadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -212,23 +236,7 @@ class BadInputTest : public ::testing::Test {
   }
 
   void Configure(const std::string& run_id) {
-    v1::ConfigureRequest req;
-    req.set_run_id(run_id);
-    req.set_generation(1);
-    *req.mutable_config() = Parse(kOneBlock);
-    req.set_block(0);
-    req.set_num_blocks(1);
-    auto* s = req.mutable_shape();
-    s->set_channels(3);
-    s->set_height(8);
-    s->set_width(8);
-    s->set_classes(4);
-    req.set_max_message_bytes(1 << 20);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(30));
-    v1::ConfigureResponse resp;
-    grpc::Status st = stub_->Configure(&ctx, req, &resp);
+    grpc::Status st = ConfigureBlock0(stub_.get(), run_id, kOneBlock, 1, "");
     ASSERT_TRUE(st.ok()) << st.error_message();
     run_id_ = run_id;
     step_ = 0;
@@ -498,6 +506,20 @@ class HostileDownstream final : public v1::Worker::Service {
   std::function<torch::Tensor(c10::IntArrayRef)> gradient_;
 };
 
+constexpr char kTwoBlocks[] = R"pb(
+  model {
+    resnet { architecture: "8,1/16,1" }
+    partition: "2,rest"
+    head: "gbpl_fc"
+  }
+  data {
+    kind: SYNTHETIC_IMAGES
+    synthetic_shape: [ 3, 8, 8 ]
+    synthetic_classes: 4
+  }
+  training { mode: INTERLOCK n: 2 batch_size: 2 }
+)pb";
+
 void ExpectGradientRefused(std::function<torch::Tensor(c10::IntArrayRef)> g,
                            const std::string& fragment) {
   const std::string dir = MakeTempDir("hostile");
@@ -514,36 +536,7 @@ void ExpectGradientRefused(std::function<torch::Tensor(c10::IntArrayRef)> g,
   auto stub = v1::Worker::NewStub(
       grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials()));
   auto configure = [&](const std::string& run_id) {
-    v1::ConfigureRequest req;
-    req.set_run_id(run_id);
-    req.set_generation(1);
-    *req.mutable_config() = Parse(R"pb(
-      model {
-        resnet { architecture: "8,1/16,1" }
-        partition: "2,rest"
-        head: "gbpl_fc"
-      }
-      data {
-        kind: SYNTHETIC_IMAGES
-        synthetic_shape: [ 3, 8, 8 ]
-        synthetic_classes: 4
-      }
-      training { mode: INTERLOCK n: 2 batch_size: 2 }
-    )pb");
-    req.set_block(0);
-    req.set_num_blocks(2);
-    req.set_next_address(fake_address);
-    auto* s = req.mutable_shape();
-    s->set_channels(3);
-    s->set_height(8);
-    s->set_width(8);
-    s->set_classes(4);
-    req.set_max_message_bytes(1 << 20);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(30));
-    v1::ConfigureResponse resp;
-    return stub->Configure(&ctx, req, &resp);
+    return ConfigureBlock0(stub.get(), run_id, kTwoBlocks, 2, fake_address);
   };
   ASSERT_TRUE(configure("hostile-1").ok());
   grpc::ClientContext ctx;

@@ -105,11 +105,6 @@ void WorkerCore::Loop() {
   }
 }
 
-bool WorkerCore::configured() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return configured_flag_;
-}
-
 void WorkerCore::Configure(
     const v1::ConfigureRequest& request,
     std::function<void(absl::StatusOr<v1::ConfigureResponse>)> done) {
@@ -253,10 +248,6 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   run->metrics->configured->Set(1);
   run->metrics->step->Set(0);
   run_ = std::move(run);
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    configured_flag_ = true;
-  }
   if (on_configured_) on_configured_(true);
   return run_->response;
 }

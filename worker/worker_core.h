@@ -76,7 +76,6 @@ class WorkerCore {
   void OnDown(std::shared_ptr<UpstreamSink> from,
               interlock::v1::DownMessage msg);
 
-  bool configured() const;
   // Called with true once a block is configured (health SERVING).
   void set_on_configured(std::function<void(bool)> f) {
     on_configured_ = std::move(f);
@@ -118,7 +117,6 @@ class WorkerCore {
   std::unique_ptr<Run> run_;
   std::shared_ptr<UpstreamSink> sink_;  // guarded by mu_ for Attach/Detach
   uint64_t next_link_id_ = 1;
-  bool configured_flag_ = false;  // guarded by mu_
 };
 
 }  // namespace interlock

@@ -45,6 +45,10 @@ import subprocess
 import sys
 import time
 
+# Shared with the in-process benchmark: same step-time and percentile rules.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_time_stats import percentile, step_times  # noqa: E402
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 MODE_FLAGS = {
@@ -53,16 +57,6 @@ MODE_FLAGS = {
     "2": ["--mode", "interlock", "--n", "2", "--rule", "furthest"],
 }
 MODE_LABELS = {"e2e": "E2E", "1": "1-way", "2": "2-way"}
-
-
-def percentile(values, q):
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    pos = (len(v) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 def proc_cpu(pid):
@@ -179,19 +173,6 @@ def total_cpu(samples):
         for pid, (_, ticks, _) in cpu.items():
             last[pid] = ticks
     return sum(last.values()) / CLK_TCK
-
-
-def step_times(metrics_path, warmup):
-    walls = []
-    with open(metrics_path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                rec = json.loads(line)
-                walls.append((rec["step"], rec["wall_seconds"]))
-    walls.sort()
-    diffs = [b[1] - a[1] for a, b in zip(walls, walls[1:])]
-    return diffs[max(0, warmup - 1):]  # diffs[i] is step i+1
 
 
 def window_mean(times):
