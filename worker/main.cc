@@ -1,10 +1,13 @@
 // interlock-worker: hosts one block of a model (chosen by the coordinator at
 // Configure time) behind a gRPC service.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -23,13 +26,72 @@ ABSL_FLAG(std::string, port_file, "",
           "launchers use it with --port 0)");
 ABSL_FLAG(int64_t, max_message_bytes, 256 << 20,
           "largest message accepted on any RPC");
+ABSL_FLAG(std::string, health_check, "",
+          "ask the gRPC health service at this address (host:port) and exit: "
+          "0 SERVING, 1 NOT_SERVING, 2 unreachable or error");
+ABSL_FLAG(std::string, health_service, "",
+          "service name for --health_check (empty: the whole server; "
+          "'liveness' answers SERVING whenever the process serves)");
+
+namespace {
+
+// grpc.health.v1.Health/Check over a generic stub: the request is
+// HealthCheckRequest{string service = 1}, the reply
+// HealthCheckResponse{ServingStatus status = 1} (1 = SERVING).
+int HealthCheck(const std::string& target, const std::string& service) {
+  if (service.size() > 127) {
+    std::cerr << "interlock-worker: error: --health_service is too long\n";
+    return 2;
+  }
+  std::string request;
+  if (!service.empty()) {
+    request.push_back('\x0a');
+    request.push_back(static_cast<char>(service.size()));
+    request += service;
+  }
+  grpc::Slice slice(request);
+  grpc::ByteBuffer request_buffer(&slice, 1);
+  grpc::ByteBuffer response_buffer;
+  grpc::GenericStub stub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request_buffer, &response_buffer,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  const grpc::Status status = done.get_future().get();
+  if (!status.ok()) {
+    std::cerr << "interlock-worker: health check of " << target
+              << " failed: " << status.error_message() << "\n";
+    return 2;
+  }
+  grpc::Slice reply;
+  if (!response_buffer.DumpToSingleSlice(&reply).ok()) return 2;
+  const std::string bytes(reinterpret_cast<const char*>(reply.begin()),
+                          reply.size());
+  // Field 1, varint; absent means 0 (UNKNOWN).
+  const int code = bytes.size() >= 2 && bytes[0] == '\x08' ? bytes[1] : 0;
+  static const char* kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING",
+                                 "SERVICE_UNKNOWN"};
+  std::cout << (code >= 0 && code < 4 ? kNames[code] : "UNKNOWN") << "\n";
+  return code == 1 ? 0 : 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   interlock::TuneAllocator();
   absl::SetProgramUsageMessage(
       "interlock-worker [--host H] [--port P] [--metrics_port M] "
-      "[--port_file F] [--max_message_bytes B]");
+      "[--port_file F] [--max_message_bytes B]\n"
+      "interlock-worker --health_check HOST:PORT [--health_service S]");
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_health_check).empty()) {
+    return HealthCheck(absl::GetFlag(FLAGS_health_check),
+                       absl::GetFlag(FLAGS_health_service));
+  }
   // Signals are taken synchronously by this thread only; block them before
   // any other thread starts so none of those receives them.
   sigset_t signals;

@@ -8,6 +8,9 @@
 namespace interlock {
 
 constexpr char kServiceName[] = "interlock.v1.Worker";
+// SERVING from start until shutdown, configured or not: what a liveness or
+// startup probe asks (the empty name and kServiceName mean "holds a block").
+constexpr char kLivenessName[] = "liveness";
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
     const WorkerServerOptions& options) {
@@ -34,6 +37,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   auto* health = s->server_->GetHealthCheckService();
   health->SetServingStatus("", false);
   health->SetServingStatus(kServiceName, false);
+  health->SetServingStatus(kLivenessName, true);
   s->core_->set_on_configured([health](bool serving) {
     health->SetServingStatus("", serving);
     health->SetServingStatus(kServiceName, serving);
@@ -55,6 +59,7 @@ void WorkerServer::Shutdown(absl::Duration grace) {
   auto* health = server_->GetHealthCheckService();
   health->SetServingStatus("", false);
   health->SetServingStatus(kServiceName, false);
+  health->SetServingStatus(kLivenessName, false);
   server_->Shutdown(std::chrono::system_clock::now() +
                     absl::ToChronoSeconds(grace));
   core_->Shutdown();
