@@ -5,7 +5,7 @@ JOBS ?= 2
 CONFIG ?= configs/fmnist_resnet_k4.pbtxt
 RUN_ARGS ?= --engine cluster --n 2 --out out/fmnist_resnet_k4
 
-.PHONY: all setup build run test bench clean format
+.PHONY: all setup build run test bench clean format image image-test
 
 all: build
 
@@ -26,6 +26,15 @@ test: build
 
 bench: build
 	bash tests/bench/step_time.sh
+
+# Container image (deploy/Containerfile) with buildah, from the committed
+# tree; long and CPU-heavy, so not part of `make test` (docs/OPERATIONS.md).
+image: setup
+	JOBS=$(JOBS) nice -n 15 bash deploy/image.sh build
+	bash deploy/image.sh test
+
+image-test:
+	bash deploy/image.sh test
 
 format:
 	clang-format -style=file -i $$(git ls-files '*.cc' '*.h')

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Installs every Debian package Interlock needs and prepares the data caches.
 # Idempotent: when everything is present it only checks and returns.
+#   --build-only   only what compiling needs (the container image's build
+#                  stage): no operations tools, no data or npm caches.
 set -euo pipefail
+
+BUILD_ONLY=0
+if [[ "${1:-}" == "--build-only" ]]; then BUILD_ONLY=1; fi
 
 PACKAGES=(
   build-essential cmake pkg-config ninja-build clang-format
@@ -11,6 +16,18 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev zlib1g-dev
   dataset-fashion-mnist bible-kjv gnuplot-nox procps python3
 )
+# Operations (docs/OPERATIONS.md): Prometheus and promtool for the rule and
+# dashboard tests, buildah and debootstrap for the container image, openssl.
+# kubectl (with kustomize) and Node.js/npm are added below when missing.
+OPS_PACKAGES=(prometheus buildah debootstrap openssl ca-certificates)
+if ((BUILD_ONLY == 0)); then
+  PACKAGES+=("${OPS_PACKAGES[@]}")
+  # kubectl: Debian 12's own kubernetes-client is too old for kustomize
+  # components; the kubectl package (1.32, kustomize 5.5) is used where the
+  # machine's apt sources carry it.
+  if ! command -v kubectl >/dev/null; then PACKAGES+=(kubectl); fi
+  if ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -28,8 +45,20 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Text corpus: the King James Bible, extracted once.
+if ((BUILD_ONLY)); then exit 0; fi
+
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# Manifest validators (tests/deploy), pinned by the committed
+# package-lock.json; installed once so that tests run offline.
+DEPLOY_TESTS="$ROOT/tests/deploy"
+if [[ ! -f "$DEPLOY_TESTS/node_modules/.package-lock.json" ||
+      "$DEPLOY_TESTS/package-lock.json" -nt "$DEPLOY_TESTS/node_modules/.package-lock.json" ]]; then
+  echo "setup: installing the manifest validators (npm ci in tests/deploy)"
+  (cd "$DEPLOY_TESTS" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# Text corpus: the King James Bible, extracted once.
 CACHE="${INTERLOCK_DATA_DIR:-$ROOT/.cache/data}"
 mkdir -p "$CACHE"
 if [[ ! -s "$CACHE/kjv.txt" ]]; then
