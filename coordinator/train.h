@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/virtual_clock.h"
 #include "proto/config.pb.h"
 
 namespace interlock {
@@ -41,6 +42,15 @@ struct TrainOptions {
   // Cluster: how long to wait for a worker to be reachable.
   absl::Duration connect_timeout = absl::Seconds(30);
   std::string metrics_host = "0.0.0.0";
+  // Time budgets (zero: none). The run stops submitting steps once training
+  // time (wall, evaluation excluded) or the virtual clock reaches the
+  // budget, finishes the steps in flight, then evaluates.
+  absl::Duration budget_wall = absl::ZeroDuration();
+  absl::Duration budget_virtual = absl::ZeroDuration();
+  // Link model of the virtual clock.
+  LinkModel link;
+  // Shown before the run's name in progress output (e.g. "[2/4]").
+  std::string progress_label;
   // Receives the local cluster while it runs (nullptr once stopped), so a
   // signal handler can stop it.
   std::function<void(LocalCluster*)> on_cluster;
@@ -54,9 +64,26 @@ struct HeadResult {
   double perplexity = 0.0;  // text only
 };
 
+// Test metrics of every head at one point of the run.
+struct EvalPoint {
+  int64_t step = 0;              // steps done
+  double wall_seconds = 0.0;     // training time (evaluation excluded)
+  double virtual_seconds = 0.0;  // virtual clock at that step
+  std::vector<HeadResult> heads;
+};
+
 struct TrainResult {
-  int64_t steps = 0;
-  double wall_seconds = 0.0;
+  int64_t steps = 0;          // steps done (fewer than asked on a budget)
+  double wall_seconds = 0.0;  // training time, evaluation excluded
+  // The virtual model-parallel clock (coordinator/virtual_clock.h): end of
+  // the last step, mean step times after the first step, and busy / elapsed
+  // per block and overall.
+  double virtual_seconds = 0.0;
+  double mean_step_wall = 0.0;
+  double mean_step_virtual = 0.0;
+  double utilisation = 0.0;
+  std::vector<double> busy_ratio;
+  std::vector<EvalPoint> evals;  // every evaluation, the final one last
   std::vector<HeadResult> eval;
   std::vector<std::string> block_digests;
   std::vector<std::string> head_digests;  // "" where a block has no head
