@@ -1,0 +1,436 @@
+// Renders every overlay of deploy/k8s with `kubectl kustomize`, validates
+// every object against the Kubernetes API schema (kubernetes-models; the
+// Prometheus Operator's PodMonitor through its own models package) and
+// checks the invariants docs/OPERATIONS.md promises: probes, non-root,
+// read-only root file system, limits, labels, one block per worker
+// Deployment with its headless Service and PodDisruptionBudget, the
+// coordinator's flags pointing at those Services, and a default-deny network
+// whose only openings are the coordinator, neighbouring blocks, Prometheus
+// and DNS.
+//
+//   node tests/deploy/manifests_test.mjs [REPO_ROOT]
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import YAML from "yaml";
+
+const ROOT = path.resolve(
+  process.argv[2] ?? path.join(path.dirname(fileURLToPath(import.meta.url)), "../.."));
+const KUBECTL = process.env.KUBECTL ?? "kubectl";
+const OVERLAYS = path.join(ROOT, "deploy/k8s/overlays");
+const DASHBOARDS = path.join(ROOT, "dashboards/grafana");
+
+let checks = 0;
+let failures = 0;
+function check(ok, message) {
+  checks += 1;
+  if (!ok) {
+    failures += 1;
+    console.error(`FAIL ${message}`);
+  }
+  return ok;
+}
+
+// ---- schema validation -------------------------------------------------
+
+async function modelClass(apiVersion, kind) {
+  const [group, version] = apiVersion.includes("/")
+    ? apiVersion.split("/")
+    : ["", apiVersion];
+  const module = group === "monitoring.coreos.com"
+    ? `@kubernetes-models/prometheus-operator/${group}/${version}/${kind}`
+    : `kubernetes-models/${group ? `${group}/` : ""}${version}/${kind}`;
+  try {
+    return (await import(module))[kind] ?? null;
+  } catch {
+    return null;
+  }
+}
+
+// Returns the schema errors of one object ([] when valid).
+async function schemaErrors(obj) {
+  const Model = await modelClass(obj.apiVersion ?? "", obj.kind ?? "");
+  if (!Model) return [`no schema for ${obj.apiVersion} ${obj.kind}`];
+  try {
+    new Model(obj).validate();
+    return [];
+  } catch (e) {
+    return [e.message];
+  }
+}
+
+// The validator must reject what the API server would: if it accepted these,
+// every "valid" below would mean nothing.
+async function checkValidatorRejects() {
+  const bad = [
+    { apiVersion: "apps/v1", kind: "Deployment", metadata: { name: "x" },
+      spec: { selector: { matchLabels: { a: "b" } },
+        template: { metadata: { labels: { a: "b" } },
+          spec: { containers: [{ name: "c", image: "i",
+            resources: { limits: { cpu: "two" } } }] } } } },
+    { apiVersion: "v1", kind: "Service", metadata: { name: "x" },
+      spec: { ports: [{ port: "grpc" }] } },
+    { apiVersion: "monitoring.coreos.com/v1", kind: "PodMonitor",
+      metadata: { name: "x" }, spec: { podMetricsEndpoints: [{ interval: 5 }] } },
+    { apiVersion: "example.com/v1", kind: "Unknown", metadata: { name: "x" } },
+  ];
+  for (const obj of bad) {
+    check((await schemaErrors(obj)).length > 0,
+      `validator accepted an invalid ${obj.kind}`);
+  }
+}
+
+// ---- helpers -------------------------------------------------------------
+
+function render(dir) {
+  const text = execFileSync(KUBECTL, ["kustomize", dir], {
+    encoding: "utf8", maxBuffer: 64 << 20 });
+  return YAML.parseAllDocuments(text).map((d) => {
+    if (d.errors.length) throw new Error(`${dir}: ${d.errors[0].message}`);
+    return d.toJS();
+  }).filter((o) => o);
+}
+
+const CLUSTER_SCOPED = new Set(["Namespace", "ClusterRole", "ClusterRoleBinding",
+  "PersistentVolume", "StorageClass", "APIService"]);
+
+// Kubernetes quantity ("500m", "3Gi", "2") in base units.
+function quantity(q) {
+  const m = /^([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$/.exec(String(q));
+  if (!m) return NaN;
+  const scale = { m: 1e-3, k: 1e3, M: 1e6, G: 1e9, T: 1e12, Ki: 2 ** 10,
+    Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40 }[m[2]] ?? 1;
+  return Number(m[1]) * scale;
+}
+
+const subset = (small, big) =>
+  Object.entries(small ?? {}).every(([k, v]) => big?.[k] === v);
+const selects = (selector, labels) =>
+  !selector?.matchExpressions?.length && subset(selector?.matchLabels, labels);
+
+function flagValue(args, name) {
+  const prefixes = [`--${name}=`, `--${name.replaceAll("-", "_")}=`];
+  const hits = (args ?? []).filter((a) => prefixes.some((p) => a.startsWith(p)));
+  return hits.length === 1 ? hits[0].slice(hits[0].indexOf("=") + 1) : undefined;
+}
+
+// The volume (from the pod spec) mounted at or above `file` in `container`.
+function volumeFor(podSpec, container, file) {
+  const mount = (container.volumeMounts ?? [])
+    .filter((m) => file === m.mountPath || file.startsWith(`${m.mountPath}/`))
+    .sort((a, b) => b.mountPath.length - a.mountPath.length)[0];
+  return mount && podSpec.volumes?.find((v) => v.name === mount.name);
+}
+
+// ---- invariants ------------------------------------------------------------
+
+function checkPodSpec(where, template, byKind) {
+  const spec = template.spec ?? {};
+  check(spec.securityContext?.runAsNonRoot === true, `${where}: runAsNonRoot`);
+  check(spec.securityContext?.runAsUser > 0, `${where}: runAsUser not root`);
+  check(spec.securityContext?.seccompProfile?.type === "RuntimeDefault",
+    `${where}: seccompProfile RuntimeDefault`);
+  check(spec.automountServiceAccountToken === false,
+    `${where}: no service account token`);
+  check(!spec.hostNetwork && !spec.hostPID && !spec.hostIPC, `${where}: no host namespaces`);
+  for (const v of spec.volumes ?? []) {
+    check(!v.hostPath, `${where}: volume ${v.name} is a hostPath`);
+    if (v.configMap) {
+      check(byKind("ConfigMap").some((c) => c.metadata.name === v.configMap.name),
+        `${where}: ConfigMap ${v.configMap.name} is not in the render`);
+    }
+    if (v.persistentVolumeClaim) {
+      check(byKind("PersistentVolumeClaim").some(
+        (c) => c.metadata.name === v.persistentVolumeClaim.claimName),
+        `${where}: PVC ${v.persistentVolumeClaim.claimName} is not in the render`);
+    }
+    if (v.secret) {
+      check(v.secret.secretName === "interlock-token",
+        `${where}: secret volume ${v.name} is not interlock-token`);
+    }
+  }
+  check((spec.containers ?? []).length > 0, `${where}: no containers`);
+  for (const c of spec.containers ?? []) {
+    const cw = `${where}/${c.name}`;
+    const sc = c.securityContext ?? {};
+    check(sc.allowPrivilegeEscalation === false, `${cw}: allowPrivilegeEscalation false`);
+    check(sc.readOnlyRootFilesystem === true, `${cw}: readOnlyRootFilesystem`);
+    check(sc.privileged !== true && sc.runAsNonRoot !== false, `${cw}: privileged or root`);
+    check((sc.capabilities?.drop ?? []).includes("ALL"), `${cw}: capabilities drop ALL`);
+    check(!(sc.capabilities?.add ?? []).length, `${cw}: adds capabilities`);
+    for (const r of ["cpu", "memory"]) {
+      const req = quantity(c.resources?.requests?.[r]);
+      const lim = quantity(c.resources?.limits?.[r]);
+      check(req > 0 && lim > 0 && req <= lim, `${cw}: ${r} request/limit set, request <= limit`);
+    }
+    for (const p of ["startupProbe", "livenessProbe", "readinessProbe"]) {
+      check(c[p] !== undefined, `${cw}: ${p}`);
+    }
+    for (const m of c.volumeMounts ?? []) {
+      check(spec.volumes?.some((v) => v.name === m.name), `${cw}: mount ${m.name} has no volume`);
+    }
+    const tmp = volumeFor(spec, c, "/tmp");
+    check(tmp?.emptyDir !== undefined, `${cw}: /tmp is an emptyDir`);
+  }
+}
+
+function portNumber(container, nameOrNumber) {
+  if (typeof nameOrNumber === "number") return nameOrNumber;
+  return container.ports?.find((p) => p.name === nameOrNumber)?.containerPort;
+}
+
+function checkWorkers(workers, byKind) {
+  const blocks = workers.map((d) => d.spec.template.metadata.labels["interlock/block"]);
+  const k = workers.length;
+  check(k > 0, "no worker Deployments");
+  check([...blocks].sort((a, b) => a - b).join() === [...Array(k).keys()].join(),
+    `blocks are not 0..${k - 1}: ${blocks}`);
+  const services = byKind("Service");
+  const pdbs = byKind("PodDisruptionBudget");
+  for (const d of workers) {
+    const block = d.spec.template.metadata.labels["interlock/block"];
+    const w = `Deployment ${d.metadata.name}`;
+    const labels = d.spec.template.metadata.labels;
+    check(d.metadata.name === `interlock-block-${block}`, `${w}: name matches block ${block}`);
+    check(d.metadata.labels?.["interlock/block"] === block, `${w}: object label block`);
+    check(d.spec.replicas === 1, `${w}: one replica per block`);
+    check(d.spec.strategy?.type === "Recreate", `${w}: Recreate (never two replicas)`);
+    check(selects(d.spec.selector, labels) && d.spec.selector.matchLabels["interlock/block"] === block,
+      `${w}: selector matches its pods, by block`);
+    const c = d.spec.template.spec.containers[0];
+    const grpc = portNumber(c, "grpc");
+    const metrics = portNumber(c, "metrics");
+    check(flagValue(c.args, "port") === String(grpc), `${w}: --port is the grpc port`);
+    check(flagValue(c.args, "metrics_port") === String(metrics), `${w}: --metrics_port is the metrics port`);
+    for (const p of ["startupProbe", "livenessProbe", "readinessProbe"]) {
+      check(c[p]?.grpc?.port === grpc, `${w}: ${p} is a native gRPC probe on the grpc port`);
+    }
+    check(c.startupProbe?.grpc?.service === "liveness" && c.livenessProbe?.grpc?.service === "liveness",
+      `${w}: startup/liveness probes ask the 'liveness' health entry`);
+    check(["", undefined, "interlock.v1.Worker"].includes(c.readinessProbe?.grpc?.service),
+      `${w}: readiness asks whether a block is configured`);
+    const stop = c.lifecycle?.preStop?.exec?.command;
+    const sleep = stop?.[0] === "sleep" ? Number(stop[1]) : NaN;
+    check(sleep > 0, `${w}: preStop sleep`);
+    // preStop, then SIGTERM: health NOT_SERVING and 5 s grace in WorkerServer.
+    check(d.spec.template.spec.terminationGracePeriodSeconds >= sleep + 5 + 1,
+      `${w}: terminationGracePeriodSeconds covers preStop + graceful shutdown`);
+    const token = flagValue(c.args, "token_file") ?? flagValue(c.args, "token-file");
+    check(token && volumeFor(d.spec.template.spec, c, token)?.secret,
+      `${w}: --token_file is read from the Secret volume`);
+    const svc = services.find((s) => s.metadata.name === d.metadata.name);
+    if (check(svc, `${w}: headless Service of the same name`)) {
+      check(svc.spec.clusterIP === "None", `Service ${svc.metadata.name}: headless`);
+      check(svc.spec.publishNotReadyAddresses === true,
+        `Service ${svc.metadata.name}: publishes not-ready workers (ready = configured)`);
+      check(subset(svc.spec.selector, labels) && svc.spec.selector["interlock/block"] === block,
+        `Service ${svc.metadata.name}: selects block ${block}`);
+      const sp = svc.spec.ports?.find((p) => p.name === "grpc");
+      check(sp && portNumber(c, sp.targetPort) === grpc, `Service ${svc.metadata.name}: grpc port`);
+    }
+    const pdb = pdbs.filter((p) => selects(p.spec.selector, labels));
+    check(pdb.length === 1 && pdb[0].spec.selector.matchLabels["interlock/block"] === block,
+      `${w}: exactly one PodDisruptionBudget, for this block`);
+  }
+  return { k, grpc: portNumber(workers[0]?.spec.template.spec.containers[0] ?? {}, "grpc") };
+}
+
+function checkCoordinator(jobs, chain, byKind) {
+  if (!check(jobs.length === 1, `one coordinator Job (got ${jobs.length})`)) return;
+  const job = jobs[0];
+  const w = `Job ${job.metadata.name}`;
+  const spec = job.spec.template.spec;
+  const c = spec.containers[0];
+  check(job.spec.parallelism === 1 && job.spec.completions === 1, `${w}: one replica`);
+  const metrics = portNumber(c, "metrics");
+  check(flagValue(c.args, "metrics-port") === String(metrics), `${w}: --metrics-port is the metrics port`);
+  for (const p of ["startupProbe", "livenessProbe", "readinessProbe"]) {
+    check(c[p]?.httpGet?.path === "/metrics" && portNumber(c, c[p]?.httpGet?.port) === metrics,
+      `${w}: ${p} is an HTTP GET of /metrics`);
+  }
+  const expected = [...Array(chain.k).keys()]
+    .map((b) => `dns:///interlock-block-${b}:${chain.grpc}`).join(",");
+  check(flagValue(c.args, "workers") === expected,
+    `${w}: --workers is the blocks' Services in order (${expected})`);
+  const config = flagValue(c.args, "config");
+  const configVolume = config && volumeFor(spec, c, config);
+  const configMap = configVolume?.configMap &&
+    byKind("ConfigMap").find((m) => m.metadata.name === configVolume.configMap.name);
+  check(configMap?.data?.[path.basename(config)], `${w}: --config is a key of the run ConfigMap`);
+  const checkpoints = flagValue(c.args, "checkpoint-dir");
+  check(checkpoints && volumeFor(spec, c, checkpoints)?.persistentVolumeClaim,
+    `${w}: --checkpoint-dir is on a persistent volume`);
+  const token = flagValue(c.args, "token-file");
+  check(token && volumeFor(spec, c, token)?.secret, `${w}: --token-file is read from the Secret volume`);
+  const pdb = byKind("PodDisruptionBudget").filter((p) =>
+    selects(p.spec.selector, job.spec.template.metadata.labels));
+  check(pdb.length === 1, `${w}: exactly one PodDisruptionBudget`);
+}
+
+// Who may talk to a pod, and whom it may call, as sets of "peer:port".
+function networkPeers(policies, labels, direction, pods) {
+  const out = new Set();
+  const peerName = (peer) => {
+    if (peer.ipBlock) return "ipBlock";
+    if (peer.namespaceSelector) {
+      const ns = peer.namespaceSelector.matchLabels?.["kubernetes.io/metadata.name"];
+      const app = peer.podSelector?.matchLabels?.["app.kubernetes.io/name"];
+      if (ns === "monitoring" && app === "prometheus") return "prometheus";
+      if (ns === "kube-system" && peer.podSelector?.matchLabels?.["k8s-app"] === "kube-dns") return "dns";
+      return "other-namespace";
+    }
+    const matched = pods.filter((p) => selects(peer.podSelector, p.labels)).map((p) => p.name);
+    return matched.length === pods.filter((p) => p.name.startsWith("block-")).length &&
+      matched.every((n) => n.startsWith("block-")) ? "blocks" : matched.join("|") || "nothing";
+  };
+  for (const p of policies) {
+    if (!selects(p.spec.podSelector, labels)) continue;
+    for (const rule of p.spec[direction] ?? []) {
+      const peers = rule[direction === "ingress" ? "from" : "to"];
+      const ports = (rule.ports ?? [{ port: "any" }]).map((x) => x.port);
+      for (const peer of peers ?? [{ any: true }]) {
+        const name = peer.any ? "anyone" : peerName(peer);
+        for (const port of ports) out.add(`${name}:${port}`);
+      }
+    }
+  }
+  return [...out].sort().join(" ");
+}
+
+function checkNetwork(objects, workers, job) {
+  const policies = objects.filter((o) => o.kind === "NetworkPolicy");
+  const deny = policies.filter((p) => Object.keys(p.spec.podSelector ?? {}).length === 0 ||
+    (Object.keys(p.spec.podSelector.matchLabels ?? {}).length === 0 &&
+     !(p.spec.podSelector.matchExpressions ?? []).length));
+  check(deny.length === 1 && deny[0].spec.policyTypes?.includes("Ingress") &&
+    deny[0].spec.policyTypes?.includes("Egress") && !deny[0].spec.ingress?.length &&
+    !deny[0].spec.egress?.length, "one default-deny NetworkPolicy (ingress and egress)");
+  const pods = workers.map((d) => ({
+    name: `block-${d.spec.template.metadata.labels["interlock/block"]}`,
+    labels: d.spec.template.metadata.labels }));
+  if (job) pods.push({ name: "coordinator", labels: job.spec.template.metadata.labels });
+  const k = workers.length;
+  for (const pod of pods) {
+    let ingress;
+    let egress;
+    if (pod.name === "coordinator") {
+      ingress = "prometheus:metrics";
+      egress = "blocks:7070 dns:53";
+    } else {
+      const b = Number(pod.name.slice(6));
+      ingress = [b > 0 ? `block-${b - 1}:grpc` : null, "coordinator:grpc", "prometheus:metrics"]
+        .filter((x) => x).sort().join(" ");
+      egress = [b + 1 < k ? `block-${b + 1}:7070` : null, "dns:53"].filter((x) => x).sort().join(" ");
+    }
+    const gotIn = networkPeers(policies, pod.labels, "ingress", pods);
+    const gotOut = networkPeers(policies, pod.labels, "egress", pods);
+    check(gotIn === ingress, `${pod.name}: ingress admits '${gotIn}', expected '${ingress}'`);
+    check(gotOut === egress, `${pod.name}: egress admits '${gotOut}', expected '${egress}'`);
+  }
+}
+
+function checkMonitoring(byKind, workers, job) {
+  const monitors = byKind("PodMonitor");
+  const targets = [
+    ["interlock-worker", workers[0]?.spec.template], ["interlock-coordinator", job?.spec.template]];
+  for (const [jobName, template] of targets) {
+    if (!template) continue;
+    const m = monitors.filter((pm) => selects(pm.spec.selector, template.metadata.labels));
+    if (!check(m.length === 1, `one PodMonitor selects ${jobName} pods`)) continue;
+    for (const ep of m[0].spec.podMetricsEndpoints) {
+      check(template.spec.containers.some((c) => c.ports?.some((p) => p.name === ep.port)),
+        `PodMonitor ${m[0].metadata.name}: port ${ep.port} exists on the pods`);
+      const r = ep.relabelings ?? [];
+      check(r.some((x) => x.targetLabel === "job" && x.replacement === jobName),
+        `PodMonitor ${m[0].metadata.name}: job label ${jobName} (alerts use it)`);
+      check(r.some((x) => x.targetLabel === "run" &&
+        x.sourceLabels?.[0] === "__meta_kubernetes_pod_label_interlock_run"),
+        `PodMonitor ${m[0].metadata.name}: run label from the pod's interlock/run`);
+    }
+  }
+}
+
+function checkDashboards(byKind) {
+  const maps = byKind("ConfigMap").filter((c) => c.metadata.labels?.grafana_dashboard === "1");
+  if (!check(maps.length === 1, "one ConfigMap labelled grafana_dashboard=1")) return;
+  for (const f of fs.readdirSync(DASHBOARDS).filter((n) => n.endsWith(".json"))) {
+    check(maps[0].data?.[f] === fs.readFileSync(path.join(DASHBOARDS, f), "utf8"),
+      `dashboard ConfigMap carries ${f} exactly as in dashboards/grafana`);
+  }
+}
+
+function checkAutoscaling(byKind, workers) {
+  const hpas = byKind("HorizontalPodAutoscaler");
+  if (!hpas.length) return;
+  const adapter = byKind("ConfigMap").find((c) => c.data?.["config.yaml"]?.includes("rules"));
+  const rules = adapter ? YAML.parse(adapter.data["config.yaml"]).rules ?? [] : [];
+  const served = new Set(rules.map((r) => r.name?.as));
+  check(rules.every((r) => r.seriesQuery && r.metricsQuery && r.resources?.overrides?.pod),
+    "adapter rules have seriesQuery, metricsQuery and a pod resource");
+  check(hpas.length === workers.length, "one HorizontalPodAutoscaler per block");
+  for (const h of hpas) {
+    check(workers.some((d) => d.metadata.name === h.spec.scaleTargetRef?.name &&
+      h.spec.scaleTargetRef?.kind === "Deployment"), `HPA ${h.metadata.name}: targets a block`);
+    for (const m of h.spec.metrics ?? []) {
+      check(m.type === "Pods" && served.has(m.pods?.metric?.name),
+        `HPA ${h.metadata.name}: metric ${m.pods?.metric?.name} is served by the adapter rule`);
+    }
+  }
+}
+
+async function checkOverlay(dir) {
+  const name = path.basename(dir);
+  let objects;
+  try {
+    objects = render(dir);
+  } catch (e) {
+    check(false, `${name}: kubectl kustomize failed: ${e.message}`);
+    return;
+  }
+  const before = failures;
+  const byKind = (kind) => objects.filter((o) => o.kind === kind);
+  for (const obj of objects) {
+    for (const e of await schemaErrors(obj)) {
+      check(false, `${name}: ${obj.kind} ${obj.metadata?.name}: ${e}`);
+    }
+    checks += 1;
+  }
+  const namespaces = new Set(objects.filter((o) => !CLUSTER_SCOPED.has(o.kind))
+    .map((o) => o.metadata.namespace));
+  check(namespaces.size === 1 && Boolean([...namespaces][0]),
+    `${name}: every object in one namespace (got ${[...namespaces]})`);
+  const runs = new Set(objects.map((o) => o.metadata.labels?.["interlock/run"]));
+  check(runs.size === 1 && !runs.has(undefined), `${name}: every object labelled with one run`);
+  for (const o of objects) {
+    check(o.metadata.labels?.["app.kubernetes.io/part-of"] === "interlock",
+      `${name}: ${o.kind} ${o.metadata.name}: label app.kubernetes.io/part-of`);
+  }
+  const workloads = objects.filter((o) => ["Deployment", "Job", "StatefulSet", "DaemonSet"].includes(o.kind));
+  for (const w of workloads) {
+    const labels = w.spec.template.metadata?.labels ?? {};
+    check(labels["interlock/run"] === [...runs][0], `${name}: ${w.kind} ${w.metadata.name}: pods carry the run label`);
+    checkPodSpec(`${name}: ${w.kind} ${w.metadata.name}`, w.spec.template, byKind);
+  }
+  const workers = workloads.filter((o) => o.kind === "Deployment" &&
+    o.spec.template.metadata.labels["app.kubernetes.io/component"] === "worker");
+  const jobs = workloads.filter((o) => o.kind === "Job");
+  const chain = checkWorkers(workers, byKind);
+  checkCoordinator(jobs, chain, byKind);
+  checkNetwork(objects, workers, jobs[0]);
+  checkMonitoring(byKind, workers, jobs[0]);
+  checkDashboards(byKind);
+  checkAutoscaling(byKind, workers);
+  check(byKind("ConfigMap").some((c) => Object.keys(c.data ?? {}).some((k) => k.endsWith(".pbtxt"))),
+    `${name}: a run config ConfigMap`);
+  console.log(`${failures === before ? "ok  " : "FAIL"} ${name}: ${objects.length} objects`);
+}
+
+await checkValidatorRejects();
+const overlays = fs.readdirSync(OVERLAYS)
+  .map((d) => path.join(OVERLAYS, d))
+  .filter((d) => fs.existsSync(path.join(d, "kustomization.yaml")));
+check(overlays.length > 0, `no overlays under ${OVERLAYS}`);
+for (const dir of overlays) await checkOverlay(dir);
+console.log(`${checks - failures} passed, ${failures} failed`);
+process.exit(failures ? 1 : 0);
