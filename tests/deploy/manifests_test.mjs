@@ -258,9 +258,11 @@ function checkCoordinator(jobs, chain, byKind) {
   const configMap = configVolume?.configMap &&
     byKind("ConfigMap").find((m) => m.metadata.name === configVolume.configMap.name);
   check(configMap?.data?.[path.basename(config)], `${w}: --config is a key of the run ConfigMap`);
-  const checkpoints = flagValue(c.args, "checkpoint-dir");
-  check(checkpoints && volumeFor(spec, c, checkpoints)?.persistentVolumeClaim,
-    `${w}: --checkpoint-dir is on a persistent volume`);
+  for (const flag of ["checkpoint-dir", "out"]) {
+    const dir = flagValue(c.args, flag);
+    check(dir && volumeFor(spec, c, dir)?.persistentVolumeClaim,
+      `${w}: --${flag} is on a persistent volume`);
+  }
   const token = flagValue(c.args, "token-file");
   check(token && volumeFor(spec, c, token)?.secret, `${w}: --token-file is read from the Secret volume`);
   const pdb = byKind("PodDisruptionBudget").filter((p) =>
@@ -298,7 +300,7 @@ function networkPeers(policies, labels, direction, pods) {
   return [...out].sort().join(" ");
 }
 
-function checkNetwork(objects, workers, job) {
+function checkNetwork(name, objects, workers, job) {
   const policies = objects.filter((o) => o.kind === "NetworkPolicy");
   const deny = policies.filter((p) => Object.keys(p.spec.podSelector ?? {}).length === 0 ||
     (Object.keys(p.spec.podSelector.matchLabels ?? {}).length === 0 &&
@@ -325,8 +327,8 @@ function checkNetwork(objects, workers, job) {
     }
     const gotIn = networkPeers(policies, pod.labels, "ingress", pods);
     const gotOut = networkPeers(policies, pod.labels, "egress", pods);
-    check(gotIn === ingress, `${pod.name}: ingress admits '${gotIn}', expected '${ingress}'`);
-    check(gotOut === egress, `${pod.name}: egress admits '${gotOut}', expected '${egress}'`);
+    check(gotIn === ingress, `${name}: ${pod.name}: ingress admits '${gotIn}', expected '${ingress}'`);
+    check(gotOut === egress, `${name}: ${pod.name}: egress admits '${gotOut}', expected '${egress}'`);
   }
 }
 
@@ -400,6 +402,10 @@ async function checkOverlay(dir) {
     .map((o) => o.metadata.namespace));
   check(namespaces.size === 1 && Boolean([...namespaces][0]),
     `${name}: every object in one namespace (got ${[...namespaces]})`);
+  const ns = byKind("Namespace");
+  check(ns.length === 1 && ns[0].metadata.name === [...namespaces][0] &&
+    ns[0].metadata.labels?.["pod-security.kubernetes.io/enforce"] === "restricted",
+    `${name}: the Namespace enforces Pod Security "restricted"`);
   const runs = new Set(objects.map((o) => o.metadata.labels?.["interlock/run"]));
   check(runs.size === 1 && !runs.has(undefined), `${name}: every object labelled with one run`);
   for (const o of objects) {
@@ -417,7 +423,7 @@ async function checkOverlay(dir) {
   const jobs = workloads.filter((o) => o.kind === "Job");
   const chain = checkWorkers(workers, byKind);
   checkCoordinator(jobs, chain, byKind);
-  checkNetwork(objects, workers, jobs[0]);
+  checkNetwork(name, objects, workers, jobs[0]);
   checkMonitoring(byKind, workers, jobs[0]);
   checkDashboards(byKind);
   checkAutoscaling(byKind, workers);
