@@ -432,7 +432,49 @@ async function checkOverlay(dir) {
   console.log(`${failures === before ? "ok  " : "FAIL"} ${name}: ${objects.length} objects`);
 }
 
+// The dashboard files themselves: stable uid, a `datasource` variable that
+// every panel and query uses (no __inputs), run and block variables, unique
+// panel ids, panels that do not overlap.
+function checkDashboardFiles() {
+  for (const f of fs.readdirSync(DASHBOARDS).filter((n) => n.endsWith(".json"))) {
+    const d = JSON.parse(fs.readFileSync(path.join(DASHBOARDS, f), "utf8"));
+    const w = `dashboard ${f}`;
+    check(/^[a-z0-9-]{1,40}$/.test(d.uid ?? ""), `${w}: stable uid`);
+    check(!d.__inputs, `${w}: no __inputs (data source comes from a variable)`);
+    const vars = Object.fromEntries((d.templating?.list ?? []).map((v) => [v.name, v]));
+    check(vars.datasource?.type === "datasource" && vars.datasource?.query === "prometheus",
+      `${w}: datasource variable of type prometheus`);
+    for (const v of ["run", "block"]) {
+      check(vars[v]?.type === "query" && vars[v]?.datasource?.uid === "${datasource}" &&
+        /label_values\(/.test(vars[v]?.query?.query ?? ""), `${w}: ${v} variable`);
+    }
+    const panels = d.panels.flatMap((p) => [p, ...(p.panels ?? [])]);
+    const ids = panels.map((p) => p.id);
+    check(new Set(ids).size === ids.length, `${w}: unique panel ids`);
+    const cells = new Set();
+    for (const p of panels) {
+      if (p.type !== "row") {
+        check(p.datasource?.uid === "${datasource}", `${w}: panel '${p.title}' uses $datasource`);
+        check((p.targets ?? []).length > 0 && p.targets.every((t) =>
+          t.expr && t.datasource?.uid === "${datasource}"), `${w}: panel '${p.title}' queries`);
+        check(/run=~"\$run"/.test(p.targets.map((t) => t.expr).join(" ")),
+          `${w}: panel '${p.title}' is filtered by $run`);
+      }
+      const g = p.gridPos;
+      let clash = g.x + g.w > 24 ? "beyond column 24" : "";
+      for (let x = g.x; x < g.x + g.w; ++x) {
+        for (let y = g.y; y < g.y + g.h; ++y) {
+          if (cells.has(`${x},${y}`)) clash ||= `at ${x},${y}`;
+          cells.add(`${x},${y}`);
+        }
+      }
+      check(!clash, `${w}: panel '${p.title}' overlaps ${clash}`);
+    }
+  }
+}
+
 await checkValidatorRejects();
+checkDashboardFiles();
 const overlays = fs.readdirSync(OVERLAYS)
   .map((d) => path.join(OVERLAYS, d))
   .filter((d) => fs.existsSync(path.join(d, "kustomization.yaml")));
