@@ -1,0 +1,660 @@
+// Wire benchmark (issue 4; results in docs/BENCHMARKS.md). A benchmark, not a
+// test: it is built by CMake but not registered with ctest.
+//
+// Moves an activation tensor down and a gradient of the same size back up,
+// over and over, on loopback, in two ways measured in the same process and
+// interleaved in rounds:
+//   grpc: the worker stream protocol. interlock.v1.Worker/Stream with the
+//     channel and server settings both services use (MakeChannel,
+//     ConfigureServerBuilder); the client is the coordinator's StreamClient.
+//     Every message is encoded and decoded the way a worker does it: the
+//     sender runs EncodeTensor / EncodeUpward, the receiver DecodeTensor /
+//     DecodeUpward plus the shape and finiteness checks, and the server does
+//     that work on its own thread, not inside a reaction.
+//   tcp: one raw TCP connection, the same payload bytes in the same pattern
+//     (N bytes one way, N bytes back), blocking send/recv, no framing.
+// Throughput = payload bytes moved (both directions) / wall time. The order of
+// the two alternates from round to round, so load from other users of the
+// machine falls on both alike. Prints Markdown tables.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "proto/worker.grpc.pb.h"
+#include "rpc/status.h"
+#include "rpc/stream.h"
+#include "services/runtime.h"
+#include "services/status_macros.h"
+#include "services/wire.h"
+
+ABSL_FLAG(int, rounds, 9, "rounds; each runs both transports once");
+ABSL_FLAG(int, exchanges, 4, "down-and-up exchanges per transport and round");
+ABSL_FLAG(int, batch, 64,
+          "activation shape: batch x 128 x 32 x 32 float32 "
+          "(64: 32 MiB)");
+
+namespace interlock {
+namespace {
+
+namespace v1 = interlock::v1;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// Process CPU seconds (user + system, every thread) and minor page faults.
+struct Usage {
+  double cpu_seconds = 0;
+  int64_t page_faults = 0;
+};
+
+Usage ProcessUsage() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return {s(u.ru_utime) + s(u.ru_stime), u.ru_minflt};
+}
+
+// Microseconds some task waited for a core (Linux PSI "some"), or -1.
+int64_t CpuStallMicros() {
+  std::ifstream f("/proc/pressure/cpu");
+  std::string word, total;
+  while (f >> word) {
+    if (word.rfind("total=", 0) == 0) return std::stoll(word.substr(6));
+  }
+  return -1;
+}
+
+// Time spent on the codec, on both ends: encoding (EncodeTensor,
+// EncodeUpward), decoding (DecodeTensor, DecodeUpward) and the receiver's
+// checks (ExpectTensor, ExpectFinite).
+enum CodecPart { kEncode, kDecode, kCheck, kCodecParts };
+std::atomic<int64_t> codec_ns[kCodecParts];
+
+class CodecTimer {
+ public:
+  explicit CodecTimer(CodecPart part) : part_(part), start_(Clock::now()) {}
+  ~CodecTimer() {
+    codec_ns[part_] += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           Clock::now() - start_)
+                           .count();
+  }
+
+ private:
+  CodecPart part_;
+  Clock::time_point start_;
+};
+
+// What a worker checks on a tensor it receives.
+absl::StatusOr<torch::Tensor> Receive(const v1::Tensor& w,
+                                      const torch::Tensor& like,
+                                      const std::string& what) {
+  torch::Tensor t;
+  {
+    CodecTimer timer(kDecode);
+    ASSIGN_OR_RETURN(t, DecodeTensor(w, what));
+  }
+  CodecTimer timer(kCheck);
+  RETURN_IF_ERROR(ExpectTensor(t, like.scalar_type(), like.sizes(), what));
+  if (t.is_floating_point()) RETURN_IF_ERROR(ExpectFinite(t, what));
+  return t;
+}
+
+// ---- gRPC: the server side of Worker.Stream ----
+
+class BenchService : public v1::Worker::CallbackService {
+ public:
+  BenchService(torch::Tensor activation, torch::Tensor target,
+               torch::Tensor gradient)
+      : activation_(std::move(activation)),
+        target_(std::move(target)),
+        gradient_(std::move(gradient)),
+        thread_([this] { Loop(); }) {}
+
+  ~BenchService() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>* Stream(
+      grpc::CallbackServerContext*) override {
+    return new Reactor(this);
+  }
+
+  absl::Status error() {
+    std::lock_guard<std::mutex> l(mu_);
+    return error_;
+  }
+
+ private:
+  // One stream: hands every message read to the service's thread and
+  // writes the answers, one write in flight at a time.
+  class Reactor
+      : public grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage> {
+   public:
+    explicit Reactor(BenchService* service) : service_(service) {
+      StartRead(&in_);
+    }
+
+    void Write(v1::UpMessage msg) {
+      std::lock_guard<std::mutex> l(mu_);
+      out_.push_back(std::move(msg));
+      if (out_.size() == 1) StartWrite(&out_.front());
+    }
+
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        std::lock_guard<std::mutex> l(mu_);
+        reads_done_ = true;
+        if (out_.empty()) Finish(grpc::Status::OK);
+        return;
+      }
+      service_->Post(this, std::move(in_));
+      in_.Clear();
+      StartRead(&in_);
+    }
+
+    void OnWriteDone(bool ok) override {
+      std::lock_guard<std::mutex> l(mu_);
+      out_.pop_front();
+      if (ok && !out_.empty()) {
+        StartWrite(&out_.front());
+      } else if (out_.empty() && reads_done_) {
+        Finish(grpc::Status::OK);
+      }
+    }
+
+    void OnDone() override { delete this; }
+
+   private:
+    BenchService* service_;
+    v1::DownMessage in_;
+    std::mutex mu_;
+    std::deque<v1::UpMessage> out_;
+    bool reads_done_ = false;
+  };
+
+  void Post(Reactor* r, v1::DownMessage msg) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      work_.emplace_back(r, std::move(msg));
+    }
+    cv_.notify_one();
+  }
+
+  // The worker's side: decode and check the activation, answer with the
+  // gradient of the same shape.
+  absl::StatusOr<v1::UpMessage> Answer(const v1::DownMessage& msg) {
+    const v1::ForwardData& f = msg.forward();
+    RETURN_IF_ERROR(Receive(f.input(), activation_, "input").status());
+    RETURN_IF_ERROR(Receive(f.target(), target_, "target").status());
+    UpwardMsg up;
+    up.step = f.step();
+    up.mb = f.microbatch();
+    up.grads.push_back(gradient_);
+    v1::UpMessage out;
+    CodecTimer timer(kEncode);
+    EncodeUpward(up, out.mutable_upward());
+    return out;
+  }
+
+  void Loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (true) {
+      cv_.wait(l, [this] { return stop_ || !work_.empty(); });
+      if (work_.empty()) return;
+      auto [reactor, msg] = std::move(work_.front());
+      work_.pop_front();
+      l.unlock();
+      absl::StatusOr<v1::UpMessage> out = Answer(msg);
+      if (out.ok()) reactor->Write(*std::move(out));
+      l.lock();
+      if (!out.ok()) {
+        // The client waits for an answer; it times out and reports this.
+        error_ = out.status();
+      }
+    }
+  }
+
+  const torch::Tensor activation_, target_, gradient_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<Reactor*, v1::DownMessage>> work_;
+  bool stop_ = false;
+  absl::Status error_;
+  std::thread thread_;
+};
+
+// ---- gRPC: the client side, the coordinator's StreamClient ----
+
+class GrpcLink {
+ public:
+  GrpcLink(const std::string& address, int64_t max_message_bytes)
+      : channel_(MakeChannel(address, max_message_bytes)),
+        stub_(v1::Worker::NewStub(channel_)) {
+    StreamClient::Handlers h;
+    h.on_message = [this](v1::UpMessage m) {
+      std::lock_guard<std::mutex> l(mu_);
+      in_.push_back(std::move(m));
+      cv_.notify_all();
+    };
+    h.on_done = [this](const grpc::Status& s) {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ = true;
+      status_ = FromGrpcStatus(s);
+      cv_.notify_all();
+    };
+    stream_ = StreamClient::Open(stub_.get(), std::move(h));
+  }
+
+  // One exchange: the activation down, the gradient back, both through the
+  // codec. Returns the decoded gradient.
+  absl::StatusOr<torch::Tensor> Exchange(int64_t step,
+                                         const torch::Tensor& activation,
+                                         const torch::Tensor& target) {
+    v1::DownMessage down;
+    {
+      CodecTimer timer(kEncode);
+      down.mutable_header()->set_run_id("wire-bench");
+      v1::ForwardData* f = down.mutable_forward();
+      f->set_step(step);
+      f->set_microbatches(1);
+      f->set_learning_rate(0.1);
+      EncodeTensor(activation, f->mutable_input());
+      EncodeTensor(target, f->mutable_target());
+    }
+    stream_->Send(std::move(down));
+    v1::UpMessage up;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!cv_.wait_for(l, std::chrono::seconds(60),
+                        [this] { return done_ || !in_.empty(); })) {
+        return absl::DeadlineExceededError("no answer within 60 s");
+      }
+      if (in_.empty()) {
+        return absl::UnavailableError(
+            absl::StrCat("stream ended: ", status_.ToString()));
+      }
+      up = std::move(in_.front());
+      in_.pop_front();
+    }
+    std::optional<CodecTimer> timer(kDecode);
+    ASSIGN_OR_RETURN(UpwardMsg m, DecodeUpward(up.upward()));
+    if (m.step != step || m.grads.size() != 1) {
+      return absl::InternalError(
+          absl::StrCat("answer for step ", m.step, " with ", m.grads.size(),
+                       " gradients, expected step ", step, " with 1"));
+    }
+    timer.emplace(kCheck);
+    RETURN_IF_ERROR(ExpectTensor(m.grads[0], torch::kFloat32,
+                                 activation.sizes(), "gradients[0]"));
+    RETURN_IF_ERROR(ExpectFinite(m.grads[0], "gradients[0]"));
+    return m.grads[0];
+  }
+
+  absl::Status Close() {
+    stream_->CloseWrites();
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, std::chrono::seconds(30), [this] { return done_; })) {
+      stream_->Cancel();
+      return absl::DeadlineExceededError("stream did not end within 30 s");
+    }
+    return status_;
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+  std::shared_ptr<StreamClient> stream_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::UpMessage> in_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+// ---- raw TCP ----
+
+absl::Status SendAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return absl::UnavailableError(absl::StrCat("send: ", errno));
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return absl::OkStatus();
+}
+
+// OK with *eof set when the peer closed before the first byte.
+absl::Status RecvAll(int fd, char* p, size_t n, bool* eof = nullptr) {
+  const size_t want = n;
+  while (n > 0) {
+    const ssize_t k = recv(fd, p, n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 0 && n == want && eof != nullptr) {
+      *eof = true;
+      return absl::OkStatus();
+    }
+    if (k <= 0) {
+      return absl::UnavailableError(
+          absl::StrCat("recv: ", k == 0 ? "peer closed" : std::strerror(errno),
+                       " after ", want - n, " of ", want, " bytes"));
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return absl::OkStatus();
+}
+
+// Accepts one connection; for every `bytes` read, writes `up` back.
+class TcpPeer {
+ public:
+  static absl::StatusOr<std::unique_ptr<TcpPeer>> Start(std::string up) {
+    std::unique_ptr<TcpPeer> p(new TcpPeer(std::move(up)));
+    p->listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (p->listen_fd_ < 0 ||
+        bind(p->listen_fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+        listen(p->listen_fd_, 1) != 0 ||
+        getsockname(p->listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) !=
+            0) {
+      return absl::UnavailableError(
+          absl::StrCat("tcp listen on loopback: ", std::strerror(errno)));
+    }
+    p->port_ = ntohs(a.sin_port);
+    p->thread_ = std::thread([raw = p.get()] { raw->Serve(); });
+    return p;
+  }
+
+  ~TcpPeer() {
+    if (thread_.joinable()) thread_.join();
+    close(listen_fd_);
+  }
+
+  int port() const { return port_; }
+  absl::Status error() const { return error_; }
+
+ private:
+  explicit TcpPeer(std::string up) : up_(std::move(up)), in_(up_.size()) {}
+
+  void Serve() {
+    const int fd = accept(listen_fd_, nullptr, nullptr);
+    if (fd < 0) {
+      error_ = absl::UnavailableError("tcp accept failed");
+      return;
+    }
+    while (true) {
+      bool eof = false;
+      absl::Status s = RecvAll(fd, in_.data(), in_.size(), &eof);
+      if (s.ok() && eof) break;
+      if (s.ok()) s = SendAll(fd, up_.data(), up_.size());
+      if (!s.ok()) {
+        error_ = s;
+        break;
+      }
+    }
+    close(fd);
+  }
+
+  const std::string up_;
+  std::vector<char> in_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  absl::Status error_;
+  std::thread thread_;
+};
+
+class TcpLink {
+ public:
+  static absl::StatusOr<std::unique_ptr<TcpLink>> Connect(int port) {
+    std::unique_ptr<TcpLink> l(new TcpLink);
+    l->fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (l->fd_ < 0 ||
+        connect(l->fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("tcp connect: ", std::strerror(errno)));
+    }
+    return l;
+  }
+  ~TcpLink() {
+    if (fd_ >= 0) close(fd_);
+  }
+  absl::Status Exchange(const std::string& down, std::vector<char>* up) {
+    RETURN_IF_ERROR(SendAll(fd_, down.data(), down.size()));
+    return RecvAll(fd_, up->data(), up->size());
+  }
+  void Close() { shutdown(fd_, SHUT_WR); }
+
+ private:
+  int fd_ = -1;
+};
+
+// ---- measurement ----
+
+struct Sample {
+  double seconds = 0;      // wall time of the round's exchanges
+  double cpu_seconds = 0;  // process CPU (both ends) in that time
+  double page_faults = 0;  // minor page faults of the process in that time
+  double codec_seconds[kCodecParts] = {};
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string Bytes(const torch::Tensor& t) {
+  return std::string(static_cast<const char*>(t.data_ptr()),
+                     t.numel() * t.element_size());
+}
+
+absl::Status Run() {
+  TuneAllocator();      // as both binaries' main() does
+  ConfigureThreads(1);  // one intra-op thread, as a one-thread block
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  const int exchanges = absl::GetFlag(FLAGS_exchanges);
+  const int batch = absl::GetFlag(FLAGS_batch);
+  if (rounds < 1 || exchanges < 1 || batch < 1) {
+    return absl::InvalidArgumentError(
+        "--rounds, --exchanges and --batch must be at least 1");
+  }
+
+  torch::manual_seed(1);
+  const torch::Tensor activation = torch::randn({batch, 128, 32, 32});
+  const torch::Tensor gradient = torch::randn({batch, 128, 32, 32});
+  const torch::Tensor target = torch::randint(10, {batch}, torch::kInt64);
+  const int64_t payload = activation.numel() * activation.element_size();
+  const int64_t max_message = payload + (int64_t{1} << 20);
+
+  // gRPC, with both services' settings.
+  BenchService service(activation, target, gradient);
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(builder, max_message);
+  int grpc_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &grpc_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || grpc_port == 0) {
+    return absl::UnavailableError("cannot start the gRPC server on loopback");
+  }
+  GrpcLink grpc_link(absl::StrCat("127.0.0.1:", grpc_port), max_message);
+
+  // Raw TCP with the same payload bytes.
+  const std::string down_bytes = Bytes(activation);
+  ASSIGN_OR_RETURN(std::unique_ptr<TcpPeer> peer,
+                   TcpPeer::Start(Bytes(gradient)));
+  ASSIGN_OR_RETURN(std::unique_ptr<TcpLink> tcp,
+                   TcpLink::Connect(peer->port()));
+  std::vector<char> up_bytes(payload);
+
+  // Warm-up exchange of each, checked byte for byte.
+  {
+    ASSIGN_OR_RETURN(torch::Tensor g,
+                     grpc_link.Exchange(-1, activation, target));
+    if (!torch::equal(g, gradient)) {
+      return absl::InternalError("gRPC: gradient arrived changed");
+    }
+    RETURN_IF_ERROR(tcp->Exchange(down_bytes, &up_bytes));
+    if (std::memcmp(up_bytes.data(), gradient.data_ptr(), payload) != 0) {
+      return absl::InternalError("tcp: gradient arrived changed");
+    }
+  }
+
+  std::vector<Sample> grpc_samples, tcp_samples;
+  const int64_t stall0 = CpuStallMicros();
+  const Clock::time_point run_start = Clock::now();
+  int64_t step = 0;
+  for (int r = 0; r < rounds; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      const bool use_grpc = (k == 0) == (r % 2 == 0);
+      for (auto& ns : codec_ns) ns = 0;
+      const Usage u0 = ProcessUsage();
+      const Clock::time_point t0 = Clock::now();
+      for (int i = 0; i < exchanges; ++i) {
+        if (use_grpc) {
+          RETURN_IF_ERROR(
+              grpc_link.Exchange(step++, activation, target).status());
+        } else {
+          RETURN_IF_ERROR(tcp->Exchange(down_bytes, &up_bytes));
+        }
+      }
+      Sample s;
+      s.seconds = Seconds(Clock::now() - t0);
+      const Usage u1 = ProcessUsage();
+      s.cpu_seconds = u1.cpu_seconds - u0.cpu_seconds;
+      s.page_faults = static_cast<double>(u1.page_faults - u0.page_faults);
+      for (int p = 0; p < kCodecParts; ++p) {
+        s.codec_seconds[p] = codec_ns[p].load() * 1e-9;
+      }
+      (use_grpc ? grpc_samples : tcp_samples).push_back(s);
+      std::fprintf(stderr, "  round %d/%d %s: %.0f MiB/s\n", r + 1, rounds,
+                   use_grpc ? "grpc" : "tcp",
+                   2.0 * payload * exchanges / s.seconds / (1 << 20));
+    }
+  }
+  const double run_seconds = Seconds(Clock::now() - run_start);
+  const int64_t stall1 = CpuStallMicros();
+
+  RETURN_IF_ERROR(grpc_link.Close());
+  tcp->Close();
+  peer.reset();  // joins its thread once it has seen the end of the stream
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  RETURN_IF_ERROR(service.error());
+
+  // Tables.
+  const double mib = static_cast<double>(1 << 20);
+  auto rate = [&](const Sample& s) {
+    return 2.0 * payload * exchanges / s.seconds / mib;
+  };
+  std::printf(
+      "Payload %.0f MiB down + %.0f MiB up per exchange (float32 %d x 128 x "
+      "32 x 32), %d exchanges per transport and round, %d rounds, %.1f s, "
+      "%u cores online, CPU stall %s.\n\n",
+      payload / mib, payload / mib, batch, exchanges, rounds, run_seconds,
+      std::thread::hardware_concurrency(),
+      stall0 >= 0 && stall1 >= 0
+          ? absl::StrFormat("%.0f%%",
+                            100.0 * (stall1 - stall0) * 1e-6 / run_seconds)
+                .c_str()
+          : "n/a");
+  std::printf(
+      "| transport | median MiB/s | min / max MiB/s | ms per exchange "
+      "(median) | CPU s per exchange (both ends) | of which encode / decode / "
+      "checks, ms per exchange | page faults per exchange | per-round MiB/s "
+      "|\n");
+  std::printf("|---|---:|---|---:|---:|---:|---:|---|\n");
+  double medians[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::vector<Sample>& v = k == 0 ? tcp_samples : grpc_samples;
+    std::vector<double> rates, ms, cpu, faults, codec[kCodecParts];
+    std::string per_round;
+    for (const Sample& s : v) {
+      rates.push_back(rate(s));
+      ms.push_back(1e3 * s.seconds / exchanges);
+      cpu.push_back(s.cpu_seconds / exchanges);
+      for (int p = 0; p < kCodecParts; ++p) {
+        codec[p].push_back(1e3 * s.codec_seconds[p] / exchanges);
+      }
+      faults.push_back(s.page_faults / exchanges);
+      absl::StrAppend(&per_round, per_round.empty() ? "" : "/",
+                      absl::StrFormat("%.0f", rate(s)));
+    }
+    medians[k] = Median(rates);
+    std::printf("| %s | %.0f | %.0f / %.0f | %.1f | %.3f | %s | %.0f | %s |\n",
+                k == 0 ? "raw TCP" : "gRPC Worker/Stream", medians[k],
+                *std::min_element(rates.begin(), rates.end()),
+                *std::max_element(rates.begin(), rates.end()), Median(ms),
+                Median(cpu),
+                k == 0 ? "—"
+                       : absl::StrFormat("%.0f / %.0f / %.0f", Median(codec[0]),
+                                         Median(codec[1]), Median(codec[2]))
+                             .c_str(),
+                Median(faults), per_round.c_str());
+  }
+  std::vector<double> ratios;
+  for (int r = 0; r < rounds; ++r) {
+    ratios.push_back(rate(grpc_samples[r]) / rate(tcp_samples[r]));
+  }
+  const double ratio = medians[1] / medians[0];
+  std::printf(
+      "\n| gRPC / raw TCP | ratio of medians | median of per-round ratios | "
+      "target | met? |\n|---|---:|---:|---:|---|\n"
+      "| throughput | %.2f | %.2f | >= 0.50 | %s |\n",
+      ratio, Median(ratios), ratio >= 0.5 ? "yes" : "no");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace interlock
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "interlock_wire_bench [--rounds N] [--exchanges N] [--batch B]: gRPC "
+      "worker stream against raw TCP on loopback");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status s = interlock::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "interlock_wire_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
