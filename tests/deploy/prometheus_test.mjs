@@ -131,6 +131,16 @@ for (const r of rules.filter((x) => x.record)) {
   expressions.push({ what: `rule ${r.record}`, expr: r.expr });
   expressions.push({ what: `recorded ${r.record}`, expr: `${r.record}{run="${RUN}"}` });
 }
+// The prometheus-adapter rules behind the autoscaling component, expanded as
+// the adapter does for one pod's query.
+const adapterFile = path.join(ROOT, "deploy/k8s/components/autoscaling/adapter-rule.yaml");
+const adapter = YAML.parse(YAML.parse(fs.readFileSync(adapterFile, "utf8")).data["config.yaml"]);
+for (const r of adapter.rules) {
+  const series = r.seriesQuery.replace(/\{.*$/, "");
+  expressions.push({ what: `adapter rule ${r.name.as}`,
+    expr: r.metricsQuery.replaceAll("<<.Series>>", series)
+      .replaceAll("<<.LabelMatchers>>", `run="${RUN}"`).replaceAll("<<.GroupBy>>", "instance") });
+}
 // Metric names an expression needs, through recording rules.
 const recordExpr = new Map(rules.filter((x) => x.record).map((r) => [r.record, r.expr]));
 function needs(expr, seen = new Set()) {
@@ -243,6 +253,10 @@ async function main() {
     if (coordinator.exitCode !== null) break;
     await sleep(1000);
   }
+  // A healthy run raises no alert, not even a pending one.
+  const alerts = await query(`ALERTS{run="${RUN}"}`);
+  check(alerts.result.length === 0, `alerts during a healthy run: ${
+    alerts.result.map((a) => `${a.metric.alertname}(${a.metric.alertstate})`).join(", ")}`);
   const serving = health(first);
   check(serving === "SERVING rc=0", `configured worker health: ${serving}`);
 
