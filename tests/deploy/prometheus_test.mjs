@@ -196,6 +196,7 @@ async function main() {
   // differ (1 s instead of 5 s, so that a short run gives rates).
   const coordinatorMetrics = await freePort();
   const promPort = await freePort();
+  check(health(`127.0.0.1:${promPort}`) === " rc=2", "health check of a closed port exits 2");
   promUrl = `http://127.0.0.1:${promPort}`;
   fs.mkdirSync(path.join(tmp, "targets"));
   fs.writeFileSync(path.join(tmp, "targets/coordinator.json"), JSON.stringify([
