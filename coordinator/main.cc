@@ -55,6 +55,15 @@ ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
           "cluster: how long to wait for each worker to be reachable");
 ABSL_FLAG(int, metrics_port, -1,
           "serve the coordinator's /metrics on this port (-1: off)");
+ABSL_FLAG(absl::Duration, budget, absl::ZeroDuration(),
+          "stop at this much training wall time, then evaluate (e.g. 10m)");
+ABSL_FLAG(absl::Duration, budget_virtual, absl::ZeroDuration(),
+          "stop at this much time on the virtual clock (one accelerator per "
+          "block), then evaluate");
+ABSL_FLAG(absl::Duration, link_latency, absl::Microseconds(100),
+          "virtual clock: latency of every message between processes");
+ABSL_FLAG(double, link_bandwidth, 1.5e9,
+          "virtual clock: bytes per second of every link");
 
 namespace {
 
@@ -66,7 +75,8 @@ constexpr char kUsage[] =
     "[--rule furthest|sum] [--steps N] [--epochs N] [--seed S] "
     "[--threads-per-block T] [--schedule sequential|threaded] [--out DIR] "
     "[--dump-params] [--engine inprocess|cluster] [--workers A,B,...] "
-    "[--metrics-port P]";
+    "[--metrics-port P] [--budget T] [--budget-virtual T] "
+    "[--link-latency T] [--link-bandwidth B]";
 
 std::atomic<bool> g_interrupted{false};
 std::mutex g_cluster_mu;
@@ -166,6 +176,18 @@ int RunTrain() {
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  options.budget_wall = absl::GetFlag(FLAGS_budget);
+  options.budget_virtual = absl::GetFlag(FLAGS_budget_virtual);
+  if (options.budget_wall < absl::ZeroDuration() ||
+      options.budget_virtual < absl::ZeroDuration()) {
+    return Fail("--budget and --budget-virtual must not be negative", 2);
+  }
+  options.link.latency_seconds =
+      absl::ToDoubleSeconds(absl::GetFlag(FLAGS_link_latency));
+  options.link.bytes_per_second = absl::GetFlag(FLAGS_link_bandwidth);
+  if (options.link.latency_seconds < 0 || options.link.bytes_per_second <= 0) {
+    return Fail("--link-latency must be >= 0 and --link-bandwidth > 0", 2);
+  }
   options.on_cluster = [](interlock::LocalCluster* c) {
     std::lock_guard<std::mutex> l(g_cluster_mu);
     g_cluster = c;
@@ -174,8 +196,11 @@ int RunTrain() {
   auto result = interlock::Train(config, options);
   if (g_interrupted) return Fail("interrupted", 130);
   if (!result.ok()) return Fail(std::string(result.status().message()));
-  std::cout << absl::StrFormat("Test metrics after %d steps (%.1f s):\n",
-                               result->steps, result->wall_seconds);
+  std::cout << absl::StrFormat(
+      "Test metrics after %d steps (%.1f s training; %.1f s on the virtual "
+      "clock, utilisation %.0f%%):\n",
+      result->steps, result->wall_seconds, result->virtual_seconds,
+      100.0 * result->utilisation);
   for (const auto& h : result->eval) {
     std::string line = absl::StrFormat(
         "  block %d %-5s head: accuracy %6.2f%%  loss %.4f", h.block,

@@ -29,6 +29,35 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
                           .Help("Micro-batches finished by every block")
                           .Register(r)
                           .Add(labels);
+  m->step_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("interlock_coordinator_step_seconds")
+           .Help("Wall time of each optimizer step of the whole chain")
+           .Register(r)
+           .Add(labels,
+                prometheus::Histogram::BucketBoundaries{
+                    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+  m->virtual_seconds_ =
+      &prometheus::BuildGauge()
+           .Name("interlock_coordinator_virtual_seconds")
+           .Help(
+               "Virtual model-parallel clock: training time with one "
+               "accelerator per block")
+           .Register(r)
+           .Add(labels);
+  m->virtual_step_seconds_ =
+      &prometheus::BuildGauge()
+           .Name("interlock_coordinator_virtual_step_seconds")
+           .Help("Virtual duration of the last step")
+           .Register(r)
+           .Add(labels);
+  m->busy_family_ =
+      &prometheus::BuildGauge()
+           .Name("interlock_coordinator_virtual_busy_ratio")
+           .Help(
+               "Busy time over elapsed time of each block on the virtual "
+               "clock")
+           .Register(r);
   m->loss_family_ = &prometheus::BuildGauge()
                          .Name("interlock_coordinator_head_loss")
                          .Help("Training loss of each head, mean of last step")
@@ -67,6 +96,18 @@ void CoordinatorMetrics::OnStep(int64_t step, const std::vector<double>& losses,
     if (std::isfinite(losses[k])) {
       PerBlock(loss_family_, loss_, static_cast<int>(k)).Set(losses[k]);
     }
+  }
+}
+
+void CoordinatorMetrics::OnStepTimes(double wall_step_seconds,
+                                     double virtual_seconds,
+                                     double virtual_step_seconds,
+                                     const std::vector<double>& busy_ratio) {
+  step_seconds_->Observe(wall_step_seconds);
+  virtual_seconds_->Set(virtual_seconds);
+  virtual_step_seconds_->Set(virtual_step_seconds);
+  for (size_t k = 0; k < busy_ratio.size(); ++k) {
+    PerBlock(busy_family_, busy_, static_cast<int>(k)).Set(busy_ratio[k]);
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <map>
@@ -27,6 +28,10 @@ class CoordinatorMetrics {
   void OnStep(int64_t step, const std::vector<double>& losses,
               double samples_per_second, int microbatches);
   void OnEval(int block, double accuracy, double loss);
+  // A step's wall duration and the virtual clock after it (DESIGN §2.2).
+  void OnStepTimes(double wall_step_seconds, double virtual_seconds,
+                   double virtual_step_seconds,
+                   const std::vector<double>& busy_ratio);
 
  private:
   CoordinatorMetrics() = default;
@@ -41,10 +46,14 @@ class CoordinatorMetrics {
   prometheus::Gauge* step_ = nullptr;
   prometheus::Gauge* samples_per_second_ = nullptr;
   prometheus::Counter* microbatches_ = nullptr;
+  prometheus::Histogram* step_seconds_ = nullptr;
+  prometheus::Gauge* virtual_seconds_ = nullptr;
+  prometheus::Gauge* virtual_step_seconds_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* busy_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* loss_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* accuracy_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* eval_loss_family_ = nullptr;
-  std::map<int, prometheus::Gauge*> loss_, accuracy_, eval_loss_;
+  std::map<int, prometheus::Gauge*> loss_, accuracy_, eval_loss_, busy_;
 };
 
 }  // namespace interlock

@@ -16,9 +16,11 @@
 #include "coordinator/local_cluster.h"
 #include "coordinator/metrics.h"
 #include "coordinator/progress.h"
+#include "coordinator/timeline.h"
 #include "services/config.h"
 #include "services/data.h"
 #include "services/digest.h"
+#include "services/models.h"
 #include "services/optim.h"
 #include "services/status_macros.h"
 
@@ -43,12 +45,18 @@ struct StepAgg {
   int done = 0;
   std::vector<double> loss_sum;
   std::vector<int> loss_n;
+  double wall = 0.0;  // training time when the last micro-batch completed
 };
+
+// Steps of the run kept in the timeline (timeline.json, timeline.png).
+constexpr int64_t kTimelineSteps = 64;
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 class Runner {
  public:
   Runner(const RunConfig& config, const TrainOptions& options, Engine& engine,
-         const Dataset& train, const Dataset& test, bool text,
+         const Dataset& train, const Dataset& test, const DataShape& shape,
          CoordinatorMetrics* metrics)
       : metrics_out_(metrics),
         c_(config),
@@ -56,7 +64,8 @@ class Runner {
         engine_(engine),
         train_(train),
         test_(test),
-        text_(text),
+        shape_(shape),
+        text_(shape.is_text),
         k_(engine.num_blocks()) {}
 
   absl::StatusOr<TrainResult> Run() {
@@ -69,7 +78,8 @@ class Runner {
           "training.batch_size: ", batch, " is larger than the training set (",
           train_.size(), " samples)"));
     }
-    const int64_t total = t.steps() > 0 ? t.steps() : t.epochs() * per_epoch;
+    const int64_t asked = t.steps() > 0 ? t.steps() : t.epochs() * per_epoch;
+    int64_t total = asked;
     if (!o_.out_dir.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(o_.out_dir, ec);
@@ -83,20 +93,26 @@ class Runner {
             absl::StrCat("--out: cannot write ", o_.out_dir, "/metrics.jsonl"));
       }
     }
-    Progress progress(o_.log, o_.progress_bar, o_.quiet, total,
-                      absl::StrCat(c_.name(), " ", ModeName(c_)));
+    Progress progress(
+        o_.log, o_.progress_bar, o_.quiet, asked,
+        absl::StrCat(o_.progress_label.empty() ? "" : o_.progress_label + " ",
+                     c_.name(), " ", ModeName(c_)));
     progress_ = &progress;
     start_ = Clock::now();
     steps_done_.assign(k_, 0);
     const int window = 2 * m;
     int64_t epoch = -1;
     std::vector<int64_t> perm;
-    for (int64_t s = 0; s < total; ++s) {
+    for (int64_t s = 0; s < asked; ++s) {
+      if (BudgetReached(s)) {
+        total = s;
+        break;
+      }
       if (s / per_epoch != epoch) {
         epoch = s / per_epoch;
         perm = EpochPermutation(train_.size(), t.seed(), epoch);
       }
-      const double lr = LearningRateAt(c_.schedule(), s, total);
+      const double lr = LearningRateAt(c_.schedule(), s, asked);
       lrs_[s] = lr;
       const int64_t base = (s % per_epoch) * batch;
       const int64_t per_mb = batch / m;
@@ -105,6 +121,7 @@ class Runner {
         std::vector<int64_t> idx(perm.begin() + base + mb * per_mb,
                                  perm.begin() + base + (mb + 1) * per_mb);
         auto [x, y] = train_.Gather(idx);
+        if (!clock_) RETURN_IF_ERROR(StartClock(x, y, window));
         ForwardMsg msg;
         msg.step = s;
         msg.mb = mb;
@@ -112,31 +129,40 @@ class Runner {
         msg.input = std::move(x);
         msg.target = std::move(y);
         RETURN_IF_ERROR(engine_.Submit(std::move(msg)));
+        clock_->SetSubmitted(s * m + mb + 1);
         ++in_flight_;
         // Record finished steps as soon as they finish, so wall times and
         // throughput are not a step late.
         while (engine_.Ready()) RETURN_IF_ERROR(HandleNext());
       }
       const int64_t every = t.eval_every_steps();
-      if (every > 0 && (s + 1) % every == 0 && s + 1 < total) {
+      if (every > 0 && (s + 1) % every == 0 && s + 1 < asked) {
         // Evaluation needs an idle chain: finish step s everywhere first.
-        while (next_emit_ <= s || MinStepsDone() <= s) {
+        while (completed_ <= s || MinStepsDone() <= s) {
           RETURN_IF_ERROR(HandleNext());
         }
-        ASSIGN_OR_RETURN(auto evals, Evaluate());
-        eval_log_.emplace_back(s + 1, std::move(evals));
+        RETURN_IF_ERROR(EvaluateAt(s + 1));
       }
     }
-    while (next_emit_ < total || MinStepsDone() < total) {
+    // No more submissions: the replay may now run past the last step.
+    if (clock_) clock_->Finish();
+    while (completed_ < total || MinStepsDone() < total) {
       RETURN_IF_ERROR(HandleNext());
+    }
+    if (clock_) clock_->Advance();
+    EmitReady();
+    if (next_emit_ < total) {
+      return absl::InternalError(absl::StrCat(
+          "virtual clock: step ", next_emit_, " did not finish in the replay"));
     }
     TrainResult result;
     result.steps = total;
-    result.wall_seconds = Elapsed();
+    result.wall_seconds = TrainElapsed();
     result.final_losses = last_losses_;
     progress.Finish();
-    ASSIGN_OR_RETURN(result.eval, Evaluate());
-    eval_log_.emplace_back(total, result.eval);
+    RETURN_IF_ERROR(EvaluateAt(total));
+    result.eval = evals_.back().heads;
+    FillClock(result);
     RETURN_IF_ERROR(Digests(result));
     if (!o_.out_dir.empty()) RETURN_IF_ERROR(WriteFiles(result));
     return result;
@@ -145,6 +171,96 @@ class Runner {
  private:
   double Elapsed() const {
     return std::chrono::duration<double>(Clock::now() - start_).count();
+  }
+  // Training time: evaluation stops the clock.
+  double TrainElapsed() const { return Elapsed() - eval_seconds_; }
+
+  // The replay needs the bytes every link carries per micro-batch: the input
+  // batch, each block's activation (with the targets), and the gradient list.
+  absl::Status StartClock(const torch::Tensor& x, const torch::Tensor& y,
+                          int window) {
+    const auto& t = c_.training();
+    PipelineShape sh;
+    sh.blocks = k_;
+    sh.microbatches = t.microbatches();
+    sh.window = window;
+    sh.e2e = t.mode() == TrainingSpec::E2E;
+    sh.n = t.n();
+    sh.sum_rule = t.rule() == TrainingSpec::SUM;
+    sh.link = o_.link;
+    sh.input_bytes = static_cast<int64_t>(x.nbytes() + y.nbytes());
+    ASSIGN_OR_RETURN(auto outs, BlockOutputShapes(c_.model(), shape_));
+    for (int k = 0; k + 1 < k_; ++k) {
+      int64_t act = x.size(0) * static_cast<int64_t>(sizeof(float));
+      for (int64_t d : outs[k]) act *= d;
+      sh.down_bytes.push_back(act + static_cast<int64_t>(y.nbytes()));
+      sh.up_bytes.push_back(sh.Down(k) * act);
+    }
+    clock_ = std::make_unique<PipelineSim>(std::move(sh), kTimelineSteps);
+    return absl::OkStatus();
+  }
+
+  // Whether step s should not start: a time budget would be exceeded. On
+  // the virtual clock the end of step s is projected from the replayed steps'
+  // mean (the replay runs up to two steps behind the real run).
+  bool BudgetReached(int64_t s) {
+    if (o_.budget_wall > absl::ZeroDuration() &&
+        TrainElapsed() >= Seconds(o_.budget_wall)) {
+      return true;
+    }
+    if (o_.budget_virtual > absl::ZeroDuration() && clock_) {
+      clock_->Advance();
+      const int64_t f = clock_->steps_finished();
+      if (f == 0) return clock_->Now() >= Seconds(o_.budget_virtual);
+      const double last = clock_->StepEnd(f - 1);
+      const double projected = last + (s + 1 - f) * (last / f);
+      return projected > Seconds(o_.budget_virtual);
+    }
+    return false;
+  }
+
+  absl::Status EvaluateAt(int64_t step) {
+    const double t0 = Elapsed();
+    const double wall = TrainElapsed();
+    ASSIGN_OR_RETURN(auto heads, Evaluate());
+    eval_seconds_ += Elapsed() - t0;
+    evals_.push_back(EvalPoint{step, wall, 0.0, std::move(heads)});
+    return absl::OkStatus();
+  }
+
+  // Virtual times of the evaluation points and the run's clock summary.
+  void FillClock(TrainResult& r) {
+    r.mean_step_wall =
+        r.steps > 1 ? (last_wall_ - first_wall_) / (r.steps - 1) : first_wall_;
+    if (clock_ && r.steps > 0) {
+      const double end = clock_->StepEnd(r.steps - 1);
+      r.virtual_seconds = end;
+      r.mean_step_virtual =
+          r.steps > 1 ? (end - clock_->StepEnd(0)) / (r.steps - 1) : end;
+      double busy = 0;
+      for (int k = 0; k < k_; ++k) {
+        busy += clock_->Busy(k);
+        r.busy_ratio.push_back(end > 0 ? clock_->Busy(k) / end : 0.0);
+      }
+      r.utilisation = end > 0 ? busy / (k_ * end) : 0.0;
+    }
+    for (auto& e : evals_) {
+      if (clock_ && e.step > 0 && e.step <= clock_->steps_finished()) {
+        e.virtual_seconds = clock_->StepEnd(e.step - 1);
+      }
+    }
+    r.evals = evals_;
+  }
+
+  // Step records wait for the replay to place the step on the virtual clock.
+  void EmitReady() {
+    while (next_emit_ < completed_ && clock_ &&
+           next_emit_ < clock_->steps_finished()) {
+      auto it = steps_.find(next_emit_);
+      EmitStep(next_emit_, it->second);
+      steps_.erase(it);
+      ++next_emit_;
+    }
   }
   int64_t MinStepsDone() const {
     int64_t m = std::numeric_limits<int64_t>::max();
@@ -159,6 +275,9 @@ class Runner {
         return absl::InternalError("step report from an unknown block");
       }
       ++steps_done_[d->block];
+      clock_->SetOptimizer(d->step, d->block, d->timing.seconds);
+      clock_->Advance();
+      EmitReady();
       return absl::OkStatus();
     }
     auto& up = std::get<UpwardMsg>(e);
@@ -174,15 +293,27 @@ class Runner {
       agg.loss_sum[r.block] += r.loss;
       ++agg.loss_n[r.block];
     }
+    std::vector<MbDurations> d(k_);
+    for (const auto& t : up.timings) {
+      if (t.block < 0 || t.block >= k_) continue;
+      if (t.phase == Phase::kForward) d[t.block].forward += t.seconds;
+      if (t.phase == Phase::kHead) d[t.block].head += t.seconds;
+      if (t.phase == Phase::kBackward) d[t.block].backward += t.seconds;
+      if (t.phase == Phase::kInputGrad) d[t.block].input_grad += t.seconds;
+    }
+    clock_->SetMicrobatch(up.step, up.mb, std::move(d));
     // Steps are recorded in order even if completions interleave.
     const int m = c_.training().microbatches();
-    for (auto it = steps_.find(next_emit_);
+    for (auto it = steps_.find(completed_);
          it != steps_.end() && it->second.done == m;
-         it = steps_.find(next_emit_)) {
-      EmitStep(next_emit_, it->second);
-      steps_.erase(it);
-      ++next_emit_;
+         it = steps_.find(completed_)) {
+      it->second.wall = TrainElapsed();
+      if (completed_ == 0) first_wall_ = it->second.wall;
+      last_wall_ = it->second.wall;
+      ++completed_;
     }
+    clock_->Advance();
+    EmitReady();
     return absl::OkStatus();
   }
 
@@ -192,7 +323,9 @@ class Runner {
       if (agg.loss_n[k] > 0) losses[k] = agg.loss_sum[k] / agg.loss_n[k];
     }
     last_losses_ = losses;
-    const double wall = Elapsed();
+    const double wall = agg.wall;
+    const double virt = clock_->StepEnd(s);
+    const double prev_virt = s > 0 ? clock_->StepEnd(s - 1) : 0.0;
     const double samples =
         static_cast<double>(c_.training().batch_size()) * (s + 1);
     const double sps = wall > 0 ? samples / wall : 0.0;
@@ -200,6 +333,7 @@ class Runner {
       std::vector<std::string> ls;
       for (double l : losses) ls.push_back(JsonNumber(l));
       metrics_ << "{\"step\":" << s << ",\"wall_seconds\":" << JsonNumber(wall)
+               << ",\"virtual_seconds\":" << JsonNumber(virt)
                << ",\"lr\":" << JsonNumber(lrs_[s]) << ",\"loss\":["
                << absl::StrJoin(ls, ",")
                << "],\"samples_per_second\":" << JsonNumber(sps) << "}\n";
@@ -208,7 +342,14 @@ class Runner {
     lrs_.erase(s);
     if (metrics_out_) {
       metrics_out_->OnStep(s, losses, sps, c_.training().microbatches());
+      std::vector<double> busy(k_);
+      for (int k = 0; k < k_; ++k) {
+        busy[k] = clock_->Now() > 0 ? clock_->Busy(k) / clock_->Now() : 0.0;
+      }
+      metrics_out_->OnStepTimes(wall - prev_wall_, virt, virt - prev_virt,
+                                busy);
     }
+    prev_wall_ = wall;
     progress_->Update(s + 1, losses, sps, wall);
   }
 
@@ -278,9 +419,12 @@ class Runner {
 
   absl::Status WriteFiles(const TrainResult& r) {
     std::ofstream ev(o_.out_dir + "/eval.jsonl", std::ios::trunc);
-    for (const auto& [step, heads] : eval_log_) {
-      for (const auto& h : heads) {
-        ev << "{\"step\":" << step << ",\"block\":" << h.block
+    for (const auto& e : r.evals) {
+      for (const auto& h : e.heads) {
+        ev << "{\"step\":" << e.step
+           << ",\"wall_seconds\":" << JsonNumber(e.wall_seconds)
+           << ",\"virtual_seconds\":" << JsonNumber(e.virtual_seconds)
+           << ",\"block\":" << h.block
            << ",\"head\":" << (h.final ? "\"final\"" : "\"aux\"")
            << ",\"loss\":" << JsonNumber(h.loss)
            << ",\"accuracy\":" << JsonNumber(h.accuracy)
@@ -296,7 +440,16 @@ class Runner {
        << ",\n  \"batch_size\": " << t.batch_size()
        << ",\n  \"seed\": " << t.seed() << ",\n  \"steps\": " << r.steps
        << ",\n  \"wall_seconds\": " << JsonNumber(r.wall_seconds)
-       << ",\n  \"eval\": [";
+       << ",\n  \"virtual_seconds\": " << JsonNumber(r.virtual_seconds)
+       << ",\n  \"mean_step_seconds\": {\"wall\": "
+       << JsonNumber(r.mean_step_wall)
+       << ", \"virtual\": " << JsonNumber(r.mean_step_virtual) << "}"
+       << ",\n  \"utilisation\": " << JsonNumber(r.utilisation)
+       << ",\n  \"busy_ratio\": [";
+    for (size_t k = 0; k < r.busy_ratio.size(); ++k) {
+      sm << (k ? ", " : "") << JsonNumber(r.busy_ratio[k]);
+    }
+    sm << "],\n  \"eval\": [";
     for (size_t i = 0; i < r.eval.size(); ++i) {
       const auto& h = r.eval[i];
       sm << (i ? ", " : "") << "{\"block\": " << h.block
@@ -321,7 +474,19 @@ class Runner {
     std::filesystem::rename(o_.out_dir + "/summary.json.tmp",
                             o_.out_dir + "/summary.json", ec);
     if (ec) return absl::DataLossError(ec.message());
-    return absl::OkStatus();
+    if (!clock_ || r.steps == 0) return absl::OkStatus();
+    RunInfo info;
+    info.name = c_.name();
+    info.mode = ModeName(c_);
+    info.e2e = t.mode() == TrainingSpec::E2E;
+    info.n = t.n();
+    info.sum_rule = t.rule() == TrainingSpec::SUM;
+    info.batch_size = t.batch_size();
+    info.steps = r.steps;
+    info.mean_step_wall = r.mean_step_wall;
+    info.mean_step_virtual = r.mean_step_virtual;
+    RETURN_IF_ERROR(WriteProfile(*clock_, info, o_.out_dir + "/profile.json"));
+    return WriteTimeline(*clock_, info, o_.out_dir);
   }
 
   CoordinatorMetrics* metrics_out_;
@@ -330,18 +495,23 @@ class Runner {
   Engine& engine_;
   const Dataset& train_;
   const Dataset& test_;
+  const DataShape shape_;
   const bool text_;
   const int k_;
   Progress* progress_ = nullptr;
   Clock::time_point start_;
   std::ofstream metrics_;
   int in_flight_ = 0;
-  int64_t next_emit_ = 0;
+  int64_t completed_ = 0;  // steps whose micro-batches all completed
+  int64_t next_emit_ = 0;  // steps recorded (placed on the virtual clock)
+  std::unique_ptr<PipelineSim> clock_;
+  double eval_seconds_ = 0.0;
+  double first_wall_ = 0.0, last_wall_ = 0.0, prev_wall_ = 0.0;
+  std::vector<EvalPoint> evals_;
   std::map<int64_t, StepAgg> steps_;
   std::map<int64_t, double> lrs_;
   std::vector<int64_t> steps_done_;
   std::vector<double> last_losses_;
-  std::vector<std::pair<int64_t, std::vector<HeadResult>>> eval_log_;
 };
 
 }  // namespace
@@ -386,8 +556,8 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
     ASSIGN_OR_RETURN(engine,
                      MakeInProcessEngine(config, data.shape, options.schedule));
   }
-  Runner runner(config, options, *engine, *data.train, *data.test,
-                data.shape.is_text, metrics.get());
+  Runner runner(config, options, *engine, *data.train, *data.test, data.shape,
+                metrics.get());
   auto result = runner.Run();
   engine->Shutdown();
   if (local) {

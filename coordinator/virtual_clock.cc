@@ -14,8 +14,31 @@ const char* SpanKindName(SpanKind kind) {
       return "backward";
     case SpanKind::kOptimizer:
       return "optimizer";
+    case SpanKind::kInputGrad:
+      return "input_grad";
   }
   return "?";
+}
+
+int PipelineShape::Down(int k) const {
+  if (k + 1 >= blocks) return 0;
+  if (e2e) return 1;
+  return std::min(n - 1, blocks - k - 1);
+}
+
+int PipelineShape::Up(int k) const {
+  if (k == 0) return 0;
+  if (e2e) return 1;
+  return std::min(n - 1, blocks - k);
+}
+
+int PipelineShape::Shared(int k) const {
+  const int up = Up(k);
+  if (up == 0) return -1;
+  if (e2e) return 0;
+  const int last = Down(k);  // the list is [own, downstream...]
+  const int shared = (!sum_rule || last == 0) ? last : -1;
+  return shared < up ? shared : -1;
 }
 
 PipelineSim::PipelineSim(PipelineShape shape, int64_t keep_span_steps)
@@ -49,8 +72,16 @@ const MbDurations* PipelineSim::Durations(int64_t step, int mb, int k) const {
 }
 
 void PipelineSim::Push(double time, int dest, MsgKind kind, int64_t step,
-                       int mb) {
-  events_.push(Event{time, seq_++, dest, kind, step, mb});
+                       int mb, int entry) {
+  Event e;
+  e.time = time;
+  e.seq = seq_++;
+  e.dest = dest;
+  e.kind = kind;
+  e.step = step;
+  e.mb = mb;
+  e.entry = entry;
+  events_.push(e);
 }
 
 void PipelineSim::AddSpan(int k, SpanKind kind, int64_t step, int mb,
@@ -77,37 +108,47 @@ bool PipelineSim::Submit(double t) {
   return true;
 }
 
-void PipelineSim::SendUp(int k, int mb, int64_t step, double t) {
-  if (k == 0) {
-    // Completions are small: reports and timings only.
-    Push(t + shape_.link.Seconds(0), -1, MsgKind::kCompletion, step, mb);
-  } else {
-    const int64_t bytes =
-        shape_.NeedsDownstream(k - 1) ? shape_.up_bytes[k - 1] : 0;
-    Push(t + shape_.link.Seconds(bytes), k - 1, MsgKind::kUpward, step, mb);
-  }
+// Upstream entry i of block k, sent to block k-1 as its downstream entry i.
+void PipelineSim::EntryPass(int k, int64_t step, int mb, int i,
+                            const MbDurations& d, double& t) {
+  const double seconds = d.input_grad / std::max(1, shape_.EarlyCount(k));
+  AddSpan(k, SpanKind::kInputGrad, step, mb, t, seconds);
+  t += seconds;
+  const int64_t entry_bytes =
+      shape_.up_bytes[k - 1] / std::max(1, shape_.Down(k - 1));
+  Push(t + shape_.link.Seconds(entry_bytes), k - 1, MsgKind::kGradient, step,
+       mb, i);
 }
 
-bool PipelineSim::Backward(int k, int mb, double& t) {
+void PipelineSim::SendFinal(int k, int mb, int64_t step, double t) {
+  // Reports and timings only: small.
+  Push(t + shape_.link.Seconds(0), k - 1,
+       k == 0 ? MsgKind::kCompletion : MsgKind::kFinal, step, mb);
+  blocks_[k].states.erase({step, mb});
+}
+
+void PipelineSim::Backward(int k, int mb, double& t) {
   Block& b = blocks_[k];
-  const MbDurations* d = Durations(b.step, mb, k);
-  if (d == nullptr) return false;
-  AddSpan(k, SpanKind::kBackward, b.step, mb, t, d->backward);
-  t += d->backward;
+  const MbDurations& d = *Durations(b.step, mb, k);
+  AddSpan(k, SpanKind::kBackward, b.step, mb, t, d.backward);
+  t += d.backward;
   ++b.backwarded;
+  const int shared = shape_.Shared(k);
+  if (shared >= 0) {
+    const int64_t entry_bytes =
+        shape_.up_bytes[k - 1] / std::max(1, shape_.Down(k - 1));
+    Push(t + shape_.link.Seconds(entry_bytes), k - 1, MsgKind::kGradient,
+         b.step, mb, shared);
+  }
   MbState& st = b.states[{b.step, mb}];
   st.backward_done = true;
-  if (st.below_seen || k + 1 == shape_.blocks) {
-    SendUp(k, mb, b.step, t);
-    b.states.erase({b.step, mb});
-  }
-  return true;
+  if (st.below_seen || k + 1 == shape_.blocks) SendFinal(k, mb, b.step, t);
 }
 
 bool PipelineSim::Drain(int k, double& t) {
   Block& b = blocks_[k];
   const int m = shape_.microbatches;
-  const bool needs_down = shape_.NeedsDownstream(k);
+  const int down = shape_.Down(k);
   bool progress = true;
   while (progress) {
     progress = false;
@@ -126,18 +167,17 @@ bool PipelineSim::Drain(int k, double& t) {
         Push(t + shape_.link.Seconds(shape_.down_bytes[k]), k + 1,
              MsgKind::kForward, b.step, mb);
       }
-      // Cannot fail: the durations were checked above.
-      if (!needs_down) Backward(k, mb, t);
+      if (shape_.Early(k, 0)) EntryPass(k, b.step, mb, 0, *d, t);
+      if (down == 0) Backward(k, mb, t);
       progress = true;
     }
-    if (b.backwarded < b.forwarded &&
-        b.upward_queue.count({b.step, b.backwarded})) {
-      const int mb = b.backwarded;
-      if (Durations(b.step, mb, k) == nullptr) return false;
-      b.upward_queue.erase({b.step, mb});
-      b.states[{b.step, mb}].below_seen = true;
-      Backward(k, mb, t);
-      progress = true;
+    if (down > 0 && b.backwarded < b.forwarded) {
+      auto it = b.states.find({b.step, b.backwarded});
+      if (it != b.states.end() && it->second.down_count == down) {
+        if (Durations(b.step, b.backwarded, k) == nullptr) return false;
+        Backward(k, b.backwarded, t);
+        progress = true;
+      }
     }
     if (b.backwarded == m) {
       auto it = optimizer_.find({b.step, k});
@@ -157,62 +197,93 @@ bool PipelineSim::Drain(int k, double& t) {
   return true;
 }
 
-void PipelineSim::Advance() {
-  if (stalled_) {
-    double t = stalled_time_;
-    const bool ok =
-        stalled_dest_ < 0 ? Submit(t) : Drain(stalled_dest_, stalled_time_);
-    if (!ok) return;
-    stalled_ = false;
-  } else if (sent_ == 0 && completed_ == 0) {
-    if (!Submit(0.0)) {
-      stalled_ = true;
-      stalled_dest_ = -1;
-      stalled_time_ = 0.0;
-      return;
+bool PipelineSim::Deliver(const Event& e, double& t) {
+  Block& b = blocks_[e.dest];
+  switch (e.kind) {
+    case MsgKind::kForward:
+      b.forward_queue.insert({e.step, e.mb});
+      return true;
+    case MsgKind::kGradient: {
+      // Downstream entry j is list entry j + 1: its early pass runs now.
+      const bool pass = shape_.Early(e.dest, e.entry + 1);
+      const MbDurations* d = Durations(e.step, e.mb, e.dest);
+      if (pass && d == nullptr) return false;
+      ++b.states[{e.step, e.mb}].down_count;
+      if (pass) EntryPass(e.dest, e.step, e.mb, e.entry + 1, *d, t);
+      b.free_at = t;
+      return true;
     }
+    case MsgKind::kFinal: {
+      MbState& st = b.states[{e.step, e.mb}];
+      st.below_seen = true;
+      if (st.backward_done) SendFinal(e.dest, e.mb, e.step, t);
+      return true;
+    }
+    case MsgKind::kCompletion:
+      break;
   }
-  while (true) {
-    // Record steps every block has finished, in order.
-    for (auto it = partial_end_.find(steps_finished());
-         it != partial_end_.end() && it->second.first == shape_.blocks;
-         it = partial_end_.find(steps_finished())) {
-      step_end_.push_back(it->second.second);
-      partial_end_.erase(it);
-    }
-    if (events_.empty()) return;
+  return true;
+}
+
+void PipelineSim::RecordFinishedSteps() {
+  for (auto it = partial_end_.find(steps_finished());
+       it != partial_end_.end() && it->second.first == shape_.blocks;
+       it = partial_end_.find(steps_finished())) {
+    step_end_.push_back(it->second.second);
+    partial_end_.erase(it);
+  }
+}
+
+void PipelineSim::Advance() {
+  AdvanceEvents();
+  RecordFinishedSteps();
+}
+
+void PipelineSim::AdvanceEvents() {
+  // Pick up where an interrupted replay stopped.
+  switch (stall_) {
+    case Stall::kNone:
+      if (sent_ == 0 && !Submit(0.0)) {
+        stall_ = Stall::kSubmit;
+        stalled_time_ = 0.0;
+        return;
+      }
+      break;
+    case Stall::kSubmit:
+      if (!Submit(stalled_time_)) return;
+      break;
+    case Stall::kDrain:
+      if (!Drain(stalled_event_.dest, stalled_time_)) return;
+      break;
+    case Stall::kDeliver:
+      events_.push(stalled_event_);
+      break;
+  }
+  stall_ = Stall::kNone;
+  while (!events_.empty()) {
+    RecordFinishedSteps();
     const Event e = events_.top();
     events_.pop();
     now_ = std::max(now_, e.time);
     if (e.kind == MsgKind::kCompletion) {
       ++completed_;
       if (!Submit(e.time)) {
-        stalled_ = true;
-        stalled_dest_ = -1;
+        stall_ = Stall::kSubmit;
         stalled_time_ = e.time;
         return;
       }
       continue;
     }
-    Block& b = blocks_[e.dest];
-    if (e.kind == MsgKind::kForward) {
-      b.forward_queue.insert({e.step, e.mb});
-    } else if (shape_.NeedsDownstream(e.dest)) {
-      b.upward_queue.insert({e.step, e.mb});
-    } else {
-      // 1-way: only the reports travel on; the backward is long done.
-      MbState& st = b.states[{e.step, e.mb}];
-      st.below_seen = true;
-      if (st.backward_done) {
-        SendUp(e.dest, e.mb, e.step, std::max(b.free_at, e.time));
-        b.states.erase({e.step, e.mb});
-      }
-      continue;
+    double t = std::max(blocks_[e.dest].free_at, e.time);
+    if (!Deliver(e, t)) {
+      stall_ = Stall::kDeliver;
+      stalled_event_ = e;
+      return;
     }
-    double t = std::max(b.free_at, e.time);
+    if (e.kind == MsgKind::kFinal) continue;  // no work: reports pass on
     if (!Drain(e.dest, t)) {
-      stalled_ = true;
-      stalled_dest_ = e.dest;
+      stall_ = Stall::kDrain;
+      stalled_event_ = e;
       stalled_time_ = t;
       return;
     }
@@ -220,13 +291,12 @@ void PipelineSim::Advance() {
 }
 
 int InputOnlyPasses(bool e2e, int n, bool sum_rule, int blocks, int k) {
-  if (k == 0) return 0;
-  if (e2e) return 0;
-  const int up = std::min(n - 1, blocks - k);
-  const int list = 1 + std::min(n - 1, blocks - k - 1);
-  const int last = list - 1;
-  const int shared = (!sum_rule || last == 0) ? last : -1;
-  return up - ((shared >= 0 && shared < up) ? 1 : 0);
+  PipelineShape s;
+  s.blocks = blocks;
+  s.e2e = e2e;
+  s.n = n;
+  s.sum_rule = sum_rule;
+  return s.EarlyCount(k);
 }
 
 SimResult Simulate(const PipelineShape& shape,
@@ -235,7 +305,8 @@ SimResult Simulate(const PipelineShape& shape,
   PipelineSim sim(shape);
   std::vector<MbDurations> per_mb(shape.blocks);
   for (int k = 0; k < shape.blocks; ++k) {
-    per_mb[k] = {blocks[k].forward, blocks[k].head, blocks[k].backward};
+    per_mb[k] = {blocks[k].forward, blocks[k].head, blocks[k].backward,
+                 blocks[k].input_grad};
   }
   for (int64_t s = 0; s < steps; ++s) {
     for (int mb = 0; mb < shape.microbatches; ++mb) {

@@ -4,10 +4,15 @@
 //
 // The replay follows the schedule the code really runs (services/driver.cc):
 // a block handles one message at a time; its drain loop runs the next
-// forward (block, then head), then the next backward in micro-batch order,
-// then the optimizer step once all M backward passes are done, and forwards
-// of step s+1 wait for that step. Blocks that need no gradient from below
-// (1-way, the last block) run their backward right after their forward.
+// forward (block, then head), then the next parameter backward in
+// micro-batch order once that micro-batch's gradient list from below is
+// complete, then the optimizer step once all M backward passes are done;
+// forwards of step s+1 wait for that step. Blocks that need no gradient
+// from below (1-way, the last block) run their backward right after their
+// forward. Upstream entries that need only an input gradient are computed
+// as soon as their entry is known (after the forward for the block's own,
+// on arrival for one from below) and sent at once; the entry the parameter
+// pass yields goes after that pass; the reports go last.
 // Messages cost latency + bytes / bandwidth on each link. The coordinator
 // keeps `window` micro-batches in flight and submits the next one when a
 // completion comes back from block 0. Evaluation is not part of the clock.
@@ -45,24 +50,36 @@ struct PipelineShape {
   int microbatches = 1;  // M
   int window = 2;        // micro-batches in flight (the runner uses 2M)
   bool e2e = false;
-  int n = 1;                        // interlocking width (ignored for E2E)
+  int n = 1;  // interlocking width (ignored for E2E)
+  bool sum_rule = false;
   int64_t input_bytes = 0;          // one micro-batch into block 0
   std::vector<int64_t> down_bytes;  // block k -> k+1 per micro-batch (K-1)
-  std::vector<int64_t> up_bytes;    // block k+1 -> k per micro-batch (K-1)
+  // Block k+1 -> k per micro-batch: the whole gradient list (K-1).
+  std::vector<int64_t> up_bytes;
   LinkModel link;
 
-  // Whether block k waits for gradients from block k+1.
-  bool NeedsDownstream(int k) const { return k + 1 < blocks && (e2e || n > 1); }
+  // The gradient lists of services/trainer.h: entries block k gets from
+  // k+1, entries it sends to k-1, the one its parameter pass yields (-1:
+  // none), and whether upstream entry i is an early input-gradient pass.
+  int Down(int k) const;
+  int Up(int k) const;
+  int Shared(int k) const;
+  bool Early(int k, int i) const {
+    return i >= 0 && i < Up(k) && i != Shared(k);
+  }
+  int EarlyCount(int k) const { return Up(k) - (Shared(k) >= 0 ? 1 : 0); }
 };
 
 // One block's measured work on one micro-batch.
 struct MbDurations {
   double forward = 0.0;
-  double head = 0.0;  // head forward+backward, or the final loss
-  double backward = 0.0;
+  double head = 0.0;        // head forward+backward, or the final loss
+  double backward = 0.0;    // the parameter pass
+  double input_grad = 0.0;  // the early input-gradient passes together
 };
 
-enum class SpanKind { kForward, kHead, kBackward, kOptimizer };
+enum class SpanKind { kForward, kHead, kBackward, kOptimizer, kInputGrad };
+constexpr int kSpanKinds = 5;
 const char* SpanKindName(SpanKind kind);
 
 struct Span {
@@ -109,40 +126,46 @@ class PipelineSim {
  private:
   struct MbState {
     bool backward_done = false;
-    bool below_seen = false;
+    bool below_seen = false;  // the final message from below
+    int down_count = 0;       // gradient entries from below so far
   };
   struct Block {
     int64_t step = 0;
     int forwarded = 0;
     int backwarded = 0;
     std::set<std::pair<int64_t, int>> forward_queue;
-    std::set<std::pair<int64_t, int>> upward_queue;
     std::map<std::pair<int64_t, int>, MbState> states;
     double free_at = 0.0;
     double busy = 0.0;
-    double phase_busy[4] = {0, 0, 0, 0};
-    int steps_done = 0;
+    double phase_busy[kSpanKinds] = {};
   };
-  enum class MsgKind { kForward, kUpward, kCompletion };
+  enum class MsgKind { kForward, kGradient, kFinal, kCompletion };
   struct Event {
-    double time;
-    int64_t seq;
-    int dest;  // block
-    MsgKind kind;
-    int64_t step;
-    int mb;
+    double time = 0.0;
+    int64_t seq = 0;
+    int dest = 0;  // block (-1: the coordinator)
+    MsgKind kind = MsgKind::kForward;
+    int64_t step = 0;
+    int mb = 0;
+    int entry = 0;  // kGradient: index in the receiver's downstream list
     bool operator>(const Event& o) const {
       return time != o.time ? time > o.time : seq > o.seq;
     }
   };
 
-  // Each returns false when it needs a duration or submission not known yet;
-  // state is then unchanged and the same call is repeated later.
+  // These return false when they need a duration or a submission not known
+  // yet; see stall_ for how the replay picks up from there.
+  bool Deliver(const Event& e, double& t);
   bool Drain(int k, double& t);
   bool Submit(double t);
-  bool Backward(int k, int mb, double& t);
-  void SendUp(int k, int mb, int64_t step, double t);
-  void Push(double time, int dest, MsgKind kind, int64_t step, int mb);
+  void AdvanceEvents();
+  void RecordFinishedSteps();
+  void Backward(int k, int mb, double& t);
+  void EntryPass(int k, int64_t step, int mb, int i, const MbDurations& d,
+                 double& t);
+  void SendFinal(int k, int mb, int64_t step, double t);
+  void Push(double time, int dest, MsgKind kind, int64_t step, int mb,
+            int entry = 0);
   void AddSpan(int k, SpanKind kind, int64_t step, int mb, double start,
                double seconds);
   const MbDurations* Durations(int64_t step, int mb, int k) const;
@@ -158,10 +181,12 @@ class PipelineSim {
   bool finished_ = false;
   int64_t sent_ = 0;       // micro-batches the replay has sent to block 0
   int64_t completed_ = 0;  // completions back at the coordinator
-  // A replay interrupted for a missing duration: block (or -1 for the
-  // coordinator) and the time it stopped at.
-  bool stalled_ = false;
-  int stalled_dest_ = 0;
+  // An interrupted replay: a message's delivery (retried whole, nothing of
+  // it done), a block's drain (resumed where it stopped), or the
+  // coordinator's submissions.
+  enum class Stall { kNone, kDeliver, kDrain, kSubmit };
+  Stall stall_ = Stall::kNone;
+  Event stalled_event_;
   double stalled_time_ = 0.0;
   double now_ = 0.0;
   std::vector<double> step_end_;
@@ -173,8 +198,9 @@ class PipelineSim {
 struct BlockProfile {
   double forward = 0.0;  // per micro-batch
   double head = 0.0;
-  double backward = 0.0;
-  double optimizer = 0.0;  // per step
+  double backward = 0.0;    // the parameter pass
+  double input_grad = 0.0;  // the early input-gradient passes together
+  double optimizer = 0.0;   // per step
 };
 
 struct SimResult {

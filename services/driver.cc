@@ -33,30 +33,57 @@ absl::Status BlockDriver::OnUpward(UpwardMsg msg) {
   const int k = trainer_->options().block;
   const auto key = std::make_pair(msg.step, msg.mb);
   auto it = states_.find(key);
-  if (trainer_->is_last() || it == states_.end() || it->second.below_seen ||
-      upward_queue_.count(key)) {
+  if (trainer_->is_last() || it == states_.end() || it->second.below_seen) {
     return absl::FailedPreconditionError(
         absl::StrCat("block ", k, ": unexpected upward message for step ",
                      msg.step, " micro-batch ", msg.mb));
   }
-  if (trainer_->NeedsDownstream()) {
-    if (static_cast<int>(msg.grads.size()) != trainer_->DownstreamListSize()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "block ", k, ": expected ", trainer_->DownstreamListSize(),
-          " gradients from below, got ", msg.grads.size()));
-    }
-    upward_queue_.emplace(key, std::move(msg));
-    return Drain();
-  }
-  // 1-way: this block's backward is long done; only pass the reports on.
   MbState& st = it->second;
-  st.below_seen = true;
-  for (auto& r : msg.reports) st.reports.push_back(r);
-  for (auto& t : msg.timings) st.timings.push_back(t);
-  return MaybeSendUp(key.second, key.first);
+  const int d = trainer_->DownstreamListSize();
+  // Check the whole message before anything changes.
+  if (st.backward_done && !msg.grads.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block ", k, ": step ", msg.step, " micro-batch ", msg.mb,
+        ": gradient entries from below after its backward pass"));
+  }
+  for (size_t i = 0; i < msg.grads.size(); ++i) {
+    const int j = msg.first_entry + static_cast<int>(i);
+    if (j < 0 || j >= d || st.down[j].defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", k, ": step ", msg.step, " micro-batch ",
+                       msg.mb, ": gradient entry ", j, " from below is ",
+                       (j < 0 || j >= d) ? absl::StrCat("outside [0, ", d, ")")
+                                         : std::string("repeated")));
+    }
+  }
+  if (msg.final && st.down_count + static_cast<int>(msg.grads.size()) < d) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", k, ": step ", msg.step, " micro-batch ", msg.mb,
+                     ": the final message from below came before all ", d,
+                     " gradient entries"));
+  }
+  for (size_t i = 0; i < msg.grads.size(); ++i) {
+    const int j = msg.first_entry + static_cast<int>(i);
+    st.down[j] = std::move(msg.grads[i]);
+    ++st.down_count;
+    // Downstream entry j is list entry j + 1: its upstream entry can go now.
+    if (trainer_->IsEarlyEntry(j + 1)) {
+      RETURN_IF_ERROR(SendEntry(msg.step, msg.mb, j + 1, st, st.down[j]));
+    }
+  }
+  if (msg.final) {
+    st.below_seen = true;
+    for (auto& r : msg.reports) st.reports.push_back(r);
+    for (auto& t : msg.timings) st.timings.push_back(t);
+  }
+  RETURN_IF_ERROR(Drain());
+  // 1-way, or a backward long done: only the reports travel on.
+  if (msg.final) MaybeSendUp(msg.mb, msg.step);
+  return absl::OkStatus();
 }
 
 absl::Status BlockDriver::Drain() {
+  const int d = trainer_->DownstreamListSize();
   bool progress = true;
   while (progress) {
     progress = false;
@@ -69,18 +96,13 @@ absl::Status BlockDriver::Drain() {
         progress = true;
       }
     }
-    // Backward passes run in micro-batch order whatever order the gradients
-    // arrive in, so accumulated gradients are bitwise reproducible.
-    if (backwarded_ < forwarded_) {
-      auto it = upward_queue_.find({step_, backwarded_});
-      if (it != upward_queue_.end()) {
-        UpwardMsg msg = std::move(it->second);
-        upward_queue_.erase(it);
-        MbState& st = states_[{msg.step, msg.mb}];
-        st.below_seen = true;
-        for (auto& r : msg.reports) st.reports.push_back(r);
-        for (auto& t : msg.timings) st.timings.push_back(t);
-        RETURN_IF_ERROR(RunBackward(msg.mb, std::move(msg.grads)));
+    // Parameter backward passes run in micro-batch order whatever order the
+    // gradients arrive in, so accumulated gradients are bitwise
+    // reproducible.
+    if (d > 0 && backwarded_ < forwarded_) {
+      auto it = states_.find({step_, backwarded_});
+      if (it != states_.end() && it->second.down_count == d) {
+        RETURN_IF_ERROR(RunBackward(backwarded_));
         progress = true;
       }
     }
@@ -101,6 +123,7 @@ absl::Status BlockDriver::RunForward(ForwardMsg msg) {
   ASSIGN_OR_RETURN(ForwardResult r,
                    trainer_->Forward(msg.mb, msg.input, msg.target));
   MbState& st = states_[{msg.step, msg.mb}];
+  st.down.resize(trainer_->DownstreamListSize());
   st.reports = std::move(r.reports);
   st.timings = std::move(r.timings);
   ++forwarded_;
@@ -113,39 +136,60 @@ absl::Status BlockDriver::RunForward(ForwardMsg msg) {
     down.target = std::move(msg.target);
     cb_.send_down(std::move(down));
   }
-  if (!trainer_->NeedsDownstream()) {
-    RETURN_IF_ERROR(RunBackward(msg.mb, {}));
+  // The block's own gradient is entry 0: upstream may have it at once.
+  if (trainer_->IsEarlyEntry(0)) {
+    RETURN_IF_ERROR(SendEntry(msg.step, msg.mb, 0, st, torch::Tensor()));
   }
+  if (!trainer_->NeedsDownstream()) RETURN_IF_ERROR(RunBackward(msg.mb));
   return absl::OkStatus();
 }
 
-absl::Status BlockDriver::RunBackward(int mb,
-                                      std::vector<torch::Tensor> grads) {
-  ASSIGN_OR_RETURN(BackwardResult r, trainer_->Backward(mb, std::move(grads)));
-  MbState& st = states_[{step_, mb}];
-  st.backward_done = true;
-  st.upstream = std::move(r.upstream);
-  for (auto& t : r.timings) st.timings.push_back(t);
-  ++backwarded_;
-  return MaybeSendUp(mb, step_);
+absl::Status BlockDriver::SendEntry(int64_t step, int mb, int i, MbState& st,
+                                    const torch::Tensor& entry) {
+  ASSIGN_OR_RETURN(EntryResult r, trainer_->Entry(mb, i, entry));
+  st.timings.push_back(r.timing);
+  SendGradient(step, mb, i, std::move(r.grad));
+  return absl::OkStatus();
 }
 
-absl::Status BlockDriver::MaybeSendUp(int mb, int64_t step) {
-  auto it = states_.find({step, mb});
-  if (it == states_.end()) return absl::OkStatus();
-  MbState& st = it->second;
-  if (!st.backward_done || (!st.below_seen && !trainer_->is_last())) {
-    return absl::OkStatus();
-  }
+void BlockDriver::SendGradient(int64_t step, int mb, int i,
+                               torch::Tensor grad) {
   UpwardMsg up;
   up.step = step;
   up.mb = mb;
-  up.grads = std::move(st.upstream);
+  up.first_entry = i;
+  up.final = false;
+  up.grads.push_back(std::move(grad));
+  cb_.send_up(std::move(up));
+}
+
+absl::Status BlockDriver::RunBackward(int mb) {
+  MbState& st = states_[{step_, mb}];
+  ASSIGN_OR_RETURN(BackwardResult r,
+                   trainer_->Backward(mb, std::move(st.down)));
+  st.down.clear();
+  st.backward_done = true;
+  for (auto& t : r.timings) st.timings.push_back(t);
+  if (r.shared.defined()) {
+    SendGradient(step_, mb, trainer_->SharedEntry(), std::move(r.shared));
+  }
+  ++backwarded_;
+  MaybeSendUp(mb, step_);
+  return absl::OkStatus();
+}
+
+void BlockDriver::MaybeSendUp(int mb, int64_t step) {
+  auto it = states_.find({step, mb});
+  if (it == states_.end()) return;
+  MbState& st = it->second;
+  if (!st.backward_done || (!st.below_seen && !trainer_->is_last())) return;
+  UpwardMsg up;
+  up.step = step;
+  up.mb = mb;
   up.reports = std::move(st.reports);
   up.timings = std::move(st.timings);
   states_.erase(it);
   cb_.send_up(std::move(up));
-  return absl::OkStatus();
 }
 
 }  // namespace interlock

@@ -26,11 +26,16 @@ struct ForwardMsg {
   torch::Tensor target;
 };
 
-// Gradients, reports and timings travelling up the chain. From block 0 it is
-// the completion of a micro-batch: finished everywhere.
+// Gradients, reports and timings travelling up the chain. Gradient entries
+// travel as soon as each is computed: `grads` are entries first_entry,
+// first_entry+1, ... of the receiver's downstream list. The final message of
+// a micro-batch carries the reports and timings of this block and all below;
+// from block 0 it is the completion: finished everywhere.
 struct UpwardMsg {
   int64_t step = 0;
   int mb = 0;
+  int first_entry = 0;
+  bool final = true;
   std::vector<torch::Tensor> grads;
   std::vector<LossReport> reports;
   std::vector<OpTiming> timings;
@@ -63,18 +68,23 @@ class BlockDriver {
   int64_t current_step() const { return step_; }
 
  private:
-  absl::Status Drain();
-  absl::Status RunForward(ForwardMsg msg);
-  absl::Status RunBackward(int mb, std::vector<torch::Tensor> grads);
-  absl::Status MaybeSendUp(int mb, int64_t step);
-
   struct MbState {
     bool backward_done = false;
-    bool below_seen = false;  // the upward message from block k+1 arrived
-    std::vector<torch::Tensor> upstream;
+    bool below_seen = false;          // the final upward message from block k+1
+    std::vector<torch::Tensor> down;  // the downstream list, as it arrives
+    int down_count = 0;
     std::vector<LossReport> reports;
     std::vector<OpTiming> timings;
   };
+
+  absl::Status Drain();
+  absl::Status RunForward(ForwardMsg msg);
+  absl::Status RunBackward(int mb);
+  // Runs the input-gradient pass of early upstream entry i and sends it.
+  absl::Status SendEntry(int64_t step, int mb, int i, MbState& st,
+                         const torch::Tensor& entry);
+  void SendGradient(int64_t step, int mb, int i, torch::Tensor grad);
+  void MaybeSendUp(int mb, int64_t step);
 
   std::unique_ptr<BlockTrainer> trainer_;
   Callbacks cb_;
@@ -84,7 +94,6 @@ class BlockDriver {
   int forwarded_ = 0;   // micro-batches of step_ forwarded
   int backwarded_ = 0;  // micro-batches of step_ backwarded
   std::map<std::pair<int64_t, int>, ForwardMsg> forward_queue_;
-  std::map<std::pair<int64_t, int>, UpwardMsg> upward_queue_;
   std::map<std::pair<int64_t, int>, MbState> states_;
 };
 

@@ -55,6 +55,8 @@ const char* PhaseName(Phase p) {
       return "backward";
     case Phase::kOptimizer:
       return "optimizer";
+    case Phase::kInputGrad:
+      return "input_grad";
   }
   return "unknown";
 }
@@ -126,6 +128,45 @@ int BlockTrainer::UpstreamListSize() const {
   if (options_.block == 0) return 0;
   if (options_.e2e) return 1;
   return std::min(options_.n - 1, options_.num_blocks - options_.block);
+}
+
+int BlockTrainer::SharedEntry() const {
+  const int up = UpstreamListSize();
+  if (up == 0) return -1;
+  if (options_.e2e) return 0;
+  const int last = DownstreamListSize();  // list = [own, downstream...]
+  const int shared = (!options_.sum_rule || last == 0) ? last : -1;
+  return shared < up ? shared : -1;
+}
+
+absl::StatusOr<EntryResult> BlockTrainer::Entry(int mb, int i,
+                                                const torch::Tensor& entry) {
+  auto it = pending_.find(mb);
+  if (it == pending_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", options_.block, ": micro-batch ", mb, " was not forwarded"));
+  }
+  if (!IsEarlyEntry(i)) {
+    return absl::InternalError(absl::StrCat(
+        "block ", options_.block, ": upstream entry ", i, " is not early"));
+  }
+  const Pending& p = it->second;
+  const torch::Tensor& g =
+      (i == 0 && p.own_grad.defined()) ? p.own_grad : entry;
+  if (!g.defined() || g.sizes() != p.output.sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block ", options_.block, ": gradient shape ",
+        g.defined() ? c10::str(g.sizes()) : "undefined",
+        " does not match output shape ", c10::str(p.output.sizes())));
+  }
+  return Guard("input gradient", [&]() -> absl::StatusOr<EntryResult> {
+    auto t0 = Clock::now();
+    EntryResult r;
+    r.grad = torch::autograd::grad({p.output}, {p.input}, {g},
+                                   /*retain_graph=*/true)[0];
+    r.timing = {options_.block, Phase::kInputGrad, SecondsSince(t0)};
+    return r;
+  });
 }
 
 absl::StatusOr<ForwardResult> BlockTrainer::Forward(
@@ -202,31 +243,22 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
     if (p.own_grad.defined()) list.push_back(p.own_grad);
     for (auto& g : downstream) list.push_back(std::move(g));
 
-    const int up = UpstreamListSize();
     const int last = static_cast<int>(list.size()) - 1;
     torch::Tensor theta_grad = list[last];
     if (options_.sum_rule) {
       for (int i = last - 1; i >= 0; --i) theta_grad = theta_grad + list[i];
     }
-    // The entry whose input gradient can come from the parameter backward.
-    const int shared = (!options_.sum_rule || last == 0) ? last : -1;
-    r.upstream.resize(up);
-    // Entries that only feed upstream get input gradients alone: no
-    // parameter-gradient work is paid for them.
-    for (int i = 0; i < up; ++i) {
-      if (i == shared) continue;
-      r.upstream[i] = torch::autograd::grad({p.output}, {p.input}, {list[i]},
-                                            /*retain_graph=*/true)[0];
-    }
+    // Entries that only feed upstream had their input-gradient-only passes
+    // (Entry()); the one the parameter pass yields comes out here.
     std::vector<torch::Tensor> inputs = block_params_;
-    const bool with_input = shared >= 0 && shared < up;
+    const bool with_input = SharedEntry() >= 0;
     if (with_input) inputs.push_back(p.input);
     if (!inputs.empty()) {
       torch::autograd::backward({p.output}, {theta_grad},
                                 /*retain_graph=*/false,
                                 /*create_graph=*/false, inputs);
     }
-    if (with_input) r.upstream[shared] = p.input.grad().detach();
+    if (with_input) r.shared = p.input.grad().detach();
     r.timings.push_back({options_.block, Phase::kBackward, SecondsSince(t0)});
     return r;
   });

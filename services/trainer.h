@@ -43,7 +43,9 @@ struct LossReport {
 };
 
 // Duration of one operation, for the virtual clock and the metrics.
-enum class Phase { kForward, kHead, kBackward, kOptimizer };
+// kInputGrad: an input-gradient-only pass for one entry of the list that
+// goes upstream (run as soon as that entry is known, see Entry()).
+enum class Phase { kForward, kHead, kBackward, kOptimizer, kInputGrad };
 const char* PhaseName(Phase p);
 struct OpTiming {
   int block = 0;
@@ -58,10 +60,16 @@ struct ForwardResult {
 };
 
 struct BackwardResult {
-  // Gradients with respect to this block's input, in loss order
-  // [dL[k]/da[k-1], dL[k+1]/da[k-1], ...]; empty for block 0 and in 1-way.
-  std::vector<torch::Tensor> upstream;
+  // The upstream entry computed by the parameter pass (SharedEntry()), if
+  // any: the gradient with respect to this block's input.
+  torch::Tensor shared;
   std::vector<OpTiming> timings;
+};
+
+// One entry of the upstream list: dL[k+i]/da[k-1] for list index i.
+struct EntryResult {
+  torch::Tensor grad;
+  OpTiming timing;
 };
 
 // Per-head evaluation of one batch.
@@ -92,14 +100,29 @@ class BlockTrainer {
   int DownstreamListSize() const;
   // How many gradient tensors this block sends upstream (0 for block 0).
   int UpstreamListSize() const;
+  // The list of gradients w.r.t. this block's output is [own, downstream
+  // 0, downstream 1, ...] (E2E: [downstream 0], or [own] for the last
+  // block). Entry i < UpstreamListSize() of the upstream list is that list's
+  // entry i carried through the block. SharedEntry() is the one the
+  // parameter pass also yields (-1: none); every other upstream entry is
+  // "early": an input-gradient-only pass that can run as soon as list entry
+  // i is known, so the wait chain is n blocks long, not K.
+  int SharedEntry() const;
+  bool IsEarlyEntry(int i) const {
+    return i >= 0 && i < UpstreamListSize() && i != SharedEntry();
+  }
 
   // Forward of micro-batch `mb`: runs the block, keeps its graph, and runs
   // the auxiliary head (forward and backward, on the detached output) or, for
   // the last block, the final loss.
   absl::StatusOr<ForwardResult> Forward(int mb, const torch::Tensor& input,
                                         const torch::Tensor& target);
-  // Backward of micro-batch `mb` given the next block's gradient list
-  // (`DownstreamListSize()` entries; empty when !NeedsDownstream()).
+  // Input gradient of early upstream entry i of micro-batch `mb`; `entry` is
+  // list entry i (ignored for i = 0 when it is the block's own gradient).
+  // Must run before Backward() of the micro-batch, which frees its graph.
+  absl::StatusOr<EntryResult> Entry(int mb, int i, const torch::Tensor& entry);
+  // Parameter backward of micro-batch `mb` given the next block's gradient
+  // list (`DownstreamListSize()` entries; empty when !NeedsDownstream()).
   // Accumulates parameter gradients and frees the micro-batch's graph.
   absl::StatusOr<BackwardResult> Backward(
       int mb, std::vector<torch::Tensor> downstream);

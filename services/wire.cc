@@ -140,6 +140,8 @@ absl::Status ExpectFinite(const torch::Tensor& t, const std::string& what) {
 void EncodeUpward(const UpwardMsg& m, interlock::v1::UpwardData* out) {
   out->set_step(m.step);
   out->set_microbatch(m.mb);
+  out->set_first_entry(m.first_entry);
+  out->set_partial(!m.final);
   for (const auto& g : m.grads) EncodeTensor(g, out->add_gradients());
   for (const auto& r : m.reports) {
     auto* p = out->add_reports();
@@ -160,6 +162,7 @@ Phase PhaseFromName(const std::string& name) {
   if (name == "head") return Phase::kHead;
   if (name == "backward") return Phase::kBackward;
   if (name == "optimizer") return Phase::kOptimizer;
+  if (name == "input_grad") return Phase::kInputGrad;
   return Phase::kForward;
 }
 
@@ -168,6 +171,8 @@ absl::StatusOr<UpwardMsg> DecodeUpward(const interlock::v1::UpwardData& d,
   UpwardMsg m;
   m.step = d.step();
   m.mb = d.microbatch();
+  m.first_entry = d.first_entry();
+  m.final = !d.partial();
   for (int i = 0; i < d.gradients_size(); ++i) {
     ASSIGN_OR_RETURN(torch::Tensor g,
                      DecodeTensor(d.gradients(i),

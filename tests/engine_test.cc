@@ -8,6 +8,7 @@
 #include "coordinator/train.h"
 #include "services/config.h"
 #include "services/data.h"
+#include "services/driver.h"
 #include "services/models.h"
 #include "services/optim.h"
 #include "tests/test_util.h"
@@ -240,6 +241,67 @@ TEST(Equivalence, SumRuleDiffersFromFurthestAndEqualsItAtN1) {
   const auto sum2 = MustTrain(c, false).digest;
   c.mutable_training()->set_rule(interlock::v1::TrainingSpec::FURTHEST);
   EXPECT_NE(sum2, MustTrain(c, false).digest);
+}
+
+// 2-way: block 1 sends its own entry up as soon as it has forwarded, before
+// anything comes from below, so block 0 waits for one block, not the chain.
+TEST(Driver, EntriesTravelAsSoonAsTheyExist) {
+  RunConfig c = Parse(kMlp);
+  c.mutable_training()->set_mode(interlock::v1::TrainingSpec::INTERLOCK);
+  c.mutable_training()->set_n(2);
+  ApplyDefaults(c);
+  auto data = LoadData(c.data(), 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto outs = BlockOutputShapes(c.model(), data->shape);
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  auto trainer = BlockTrainer::Create(c, data->shape, 1);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  std::vector<UpwardMsg> ups;
+  int downs = 0, steps = 0;
+  BlockDriver::Callbacks cb;
+  cb.send_down = [&](ForwardMsg) { ++downs; };
+  cb.send_up = [&](UpwardMsg m) { ups.push_back(std::move(m)); };
+  cb.step_done = [&](StepDone) { ++steps; };
+  BlockDriver driver(std::move(*trainer), cb);
+
+  const int64_t batch = c.training().batch_size();
+  std::vector<int64_t> in = {batch}, out = {batch};
+  in.insert(in.end(), (*outs)[0].begin(), (*outs)[0].end());
+  out.insert(out.end(), (*outs)[1].begin(), (*outs)[1].end());
+  ForwardMsg f;
+  f.lr = 0.05;
+  f.input = torch::randn(in);
+  f.target = torch::randint(0, 5, {batch}, torch::kLong);
+  ASSERT_TRUE(driver.OnForward(f).ok());
+  EXPECT_EQ(downs, 1);
+  ASSERT_EQ(ups.size(), 1u);
+  EXPECT_FALSE(ups[0].final);
+  EXPECT_EQ(ups[0].first_entry, 0);
+  ASSERT_EQ(ups[0].grads.size(), 1u);
+  EXPECT_EQ(ups[0].grads[0].sizes(), c10::IntArrayRef(in));
+  EXPECT_EQ(steps, 0);
+
+  // The final message may not overtake the gradient entry it follows.
+  UpwardMsg early_final;
+  EXPECT_EQ(driver.OnUpward(early_final).code(),
+            absl::StatusCode::kInvalidArgument);
+  UpwardMsg entry;
+  entry.final = false;
+  entry.grads.push_back(torch::randn(out));
+  ASSERT_TRUE(driver.OnUpward(entry).ok());
+  EXPECT_EQ(steps, 1);        // M = 1: the block stepped on its gradient
+  EXPECT_EQ(ups.size(), 1u);  // its report waits for the one from below
+  EXPECT_EQ(driver.OnUpward(entry).code(),
+            absl::StatusCode::kInvalidArgument);  // entry 0 again
+  UpwardMsg final_msg;
+  final_msg.reports.push_back({2, 1.5, 3, 32});
+  ASSERT_TRUE(driver.OnUpward(final_msg).ok());
+  ASSERT_EQ(ups.size(), 2u);
+  EXPECT_TRUE(ups[1].final);
+  EXPECT_TRUE(ups[1].grads.empty());
+  ASSERT_EQ(ups[1].reports.size(), 2u);
+  EXPECT_EQ(ups[1].reports[0].block, 1);
+  EXPECT_EQ(ups[1].reports[1].block, 2);
 }
 
 // One thread for all blocks and one thread per block: bitwise identical.

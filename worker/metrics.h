@@ -22,6 +22,7 @@ struct BlockMetrics {
   prometheus::Histogram* head_seconds = nullptr;
   prometheus::Histogram* backward_seconds = nullptr;
   prometheus::Histogram* optimizer_seconds = nullptr;
+  prometheus::Histogram* input_grad_seconds = nullptr;
   prometheus::Counter* idle_seconds = nullptr;
   prometheus::Counter* sent_down_bytes = nullptr;
   prometheus::Counter* sent_up_bytes = nullptr;

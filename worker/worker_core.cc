@@ -210,7 +210,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     SendDown(std::move(msg));
   };
   cb.send_up = [this, r](UpwardMsg m) {
-    r->metrics->microbatches->Increment();
+    if (m.final) r->metrics->microbatches->Increment();
     for (const auto& t : m.timings) {
       if (t.block != r->block) continue;
       switch (t.phase) {
@@ -225,6 +225,9 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
           break;
         case Phase::kOptimizer:
           r->metrics->optimizer_seconds->Observe(t.seconds);
+          break;
+        case Phase::kInputGrad:
+          r->metrics->input_grad_seconds->Observe(t.seconds);
           break;
       }
     }

@@ -8,10 +8,11 @@ Reads RESULTS/runs.tsv, one line per `interlock train` run:
 
 and each run folder's metrics.jsonl, and prints Markdown tables of step time.
 
-Step time. The run driver writes step s's line as soon as step s has finished
-everywhere (wall_seconds = seconds since the start of training at that
-moment), so difference i of wall_seconds is the time of step i+1; step 0 and
-start-up are in the first line alone. Steps below --warmup are dropped; the
+Step time. Step s's line holds in wall_seconds the moment step s had finished
+everywhere (seconds of training since the start), so difference i of
+wall_seconds is the time of step i+1; step 0 and start-up are in the first
+line alone. (The line itself is written once the virtual clock has placed the
+step, up to two steps later; the value is not affected.) Steps below --warmup are dropped; the
 rest, over all rounds of a (config, mode), are pooled and their median
 reported. (Binaries before commit a2e8631 wrote each line a step late in the
 sequential schedule; their numbers need the older version of this script.)
@@ -54,14 +55,14 @@ def percentile(values, q):
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def step_times(metrics_path, warmup):
+def step_times(metrics_path, warmup, clock="wall_seconds"):
     walls = []
     with open(metrics_path) as f:
         for line in f:
             line = line.strip()
             if line:
                 rec = json.loads(line)
-                walls.append((rec["step"], rec["wall_seconds"]))
+                walls.append((rec["step"], rec[clock]))
     walls.sort()
     diffs = [b[1] - a[1] for a, b in zip(walls, walls[1:])]
     # diffs[i] is the time of step i+1 (see the module comment): keep steps
