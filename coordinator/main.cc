@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,8 +18,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "coordinator/compare.h"
 #include "coordinator/local_cluster.h"
+#include "coordinator/simulate.h"
 #include "coordinator/train.h"
 #include "services/config.h"
 #include "services/runtime.h"
@@ -64,6 +69,19 @@ ABSL_FLAG(absl::Duration, link_latency, absl::Microseconds(100),
           "virtual clock: latency of every message between processes");
 ABSL_FLAG(double, link_bandwidth, 1.5e9,
           "virtual clock: bytes per second of every link");
+ABSL_FLAG(std::string, modes, "",
+          "compare: modes to run, e.g. e2e,1,2,2sum (N: N-way FURTHEST, Nsum: "
+          "N-way SUM)");
+ABSL_FLAG(std::string, profile, "",
+          "simulate: a run's --out folder (its profile.json) or the file");
+ABSL_FLAG(int, blocks, 0,
+          "simulate: blocks K to predict for (0: the profile's); another K "
+          "than measured cuts the model into K blocks of equal cost");
+ABSL_FLAG(int, microbatches, 0,
+          "simulate: micro-batches per step (0: the profile's)");
+ABSL_FLAG(bool, sweep, false,
+          "simulate: also print step time against K = 2, 4, 8, 16 for e2e, "
+          "1-, 2- and 3-way");
 
 namespace {
 
@@ -76,7 +94,18 @@ constexpr char kUsage[] =
     "[--threads-per-block T] [--schedule sequential|threaded] [--out DIR] "
     "[--dump-params] [--engine inprocess|cluster] [--workers A,B,...] "
     "[--metrics-port P] [--budget T] [--budget-virtual T] "
-    "[--link-latency T] [--link-bandwidth B]";
+    "[--link-latency T] [--link-bandwidth B]\n"
+    "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
+    "[--budget-virtual T | --budget T | --steps N] --out DIR "
+    "[--engine inprocess|cluster] [--seed S] [--threads-per-block T]\n"
+    "  interlock simulate --profile DIR [--blocks K] [--n N|e2e] "
+    "[--rule furthest|sum] [--microbatches M] [--link-bandwidth B] "
+    "[--link-latency T] [--sweep] (an input-gradient-only pass the profile "
+    "did not measure counts 0.5 of the parameter backward pass)";
+
+// The command line as typed, for reports, and the flags it names.
+std::string g_command_line;
+std::set<std::string> g_given_flags;
 
 std::atomic<bool> g_interrupted{false};
 std::mutex g_cluster_mu;
@@ -104,46 +133,9 @@ void WatchSignals(sigset_t signals) {
   }).detach();
 }
 
-int RunTrain() {
-  const std::string path = absl::GetFlag(FLAGS_config);
-  if (path.empty()) return Fail("--config is required", 2);
-  auto loaded = interlock::LoadRunConfig(path);
-  if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
-  RunConfig config = *loaded;
-  auto* t = config.mutable_training();
-  const std::string mode = absl::AsciiStrToLower(absl::GetFlag(FLAGS_mode));
-  if (mode == "e2e") {
-    t->set_mode(TrainingSpec::E2E);
-  } else if (mode == "interlock") {
-    t->set_mode(TrainingSpec::INTERLOCK);
-  } else if (!mode.empty()) {
-    return Fail(absl::StrCat("--mode: '", mode, "', expected e2e or interlock"),
-                2);
-  }
-  if (absl::GetFlag(FLAGS_n) != 0) {
-    if (absl::GetFlag(FLAGS_n) < 0) return Fail("--n: must be >= 1", 2);
-    t->set_n(absl::GetFlag(FLAGS_n));
-    if (mode.empty()) t->set_mode(TrainingSpec::INTERLOCK);
-  }
-  const std::string rule = absl::AsciiStrToLower(absl::GetFlag(FLAGS_rule));
-  if (rule == "furthest") {
-    t->set_rule(TrainingSpec::FURTHEST);
-  } else if (rule == "sum") {
-    t->set_rule(TrainingSpec::SUM);
-  } else if (!rule.empty()) {
-    return Fail(absl::StrCat("--rule: '", rule, "', expected furthest or sum"),
-                2);
-  }
-  if (absl::GetFlag(FLAGS_steps) >= 0) t->set_steps(absl::GetFlag(FLAGS_steps));
-  if (absl::GetFlag(FLAGS_epochs) >= 0) {
-    t->set_epochs(absl::GetFlag(FLAGS_epochs));
-    if (absl::GetFlag(FLAGS_steps) < 0) t->set_steps(0);
-  }
-  if (absl::GetFlag(FLAGS_seed) >= 0) t->set_seed(absl::GetFlag(FLAGS_seed));
-  if (absl::GetFlag(FLAGS_threads_per_block) > 0) {
-    t->set_threads_per_block(absl::GetFlag(FLAGS_threads_per_block));
-  }
-  interlock::TrainOptions options;
+// The flags of every training command -> TrainOptions. Returns 0, or the
+// exit code after printing what was wrong.
+int TrainOptionsFromFlags(interlock::TrainOptions& options) {
   const std::string schedule = absl::GetFlag(FLAGS_schedule);
   if (schedule == "sequential") {
     options.schedule = interlock::Schedule::kSequential;
@@ -192,6 +184,50 @@ int RunTrain() {
     std::lock_guard<std::mutex> l(g_cluster_mu);
     g_cluster = c;
   };
+  return 0;
+}
+
+int RunTrain() {
+  const std::string path = absl::GetFlag(FLAGS_config);
+  if (path.empty()) return Fail("--config is required", 2);
+  auto loaded = interlock::LoadRunConfig(path);
+  if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+  RunConfig config = *loaded;
+  auto* t = config.mutable_training();
+  const std::string mode = absl::AsciiStrToLower(absl::GetFlag(FLAGS_mode));
+  if (mode == "e2e") {
+    t->set_mode(TrainingSpec::E2E);
+  } else if (mode == "interlock") {
+    t->set_mode(TrainingSpec::INTERLOCK);
+  } else if (!mode.empty()) {
+    return Fail(absl::StrCat("--mode: '", mode, "', expected e2e or interlock"),
+                2);
+  }
+  if (absl::GetFlag(FLAGS_n) != 0) {
+    if (absl::GetFlag(FLAGS_n) < 0) return Fail("--n: must be >= 1", 2);
+    t->set_n(absl::GetFlag(FLAGS_n));
+    if (mode.empty()) t->set_mode(TrainingSpec::INTERLOCK);
+  }
+  const std::string rule = absl::AsciiStrToLower(absl::GetFlag(FLAGS_rule));
+  if (rule == "furthest") {
+    t->set_rule(TrainingSpec::FURTHEST);
+  } else if (rule == "sum") {
+    t->set_rule(TrainingSpec::SUM);
+  } else if (!rule.empty()) {
+    return Fail(absl::StrCat("--rule: '", rule, "', expected furthest or sum"),
+                2);
+  }
+  if (absl::GetFlag(FLAGS_steps) >= 0) t->set_steps(absl::GetFlag(FLAGS_steps));
+  if (absl::GetFlag(FLAGS_epochs) >= 0) {
+    t->set_epochs(absl::GetFlag(FLAGS_epochs));
+    if (absl::GetFlag(FLAGS_steps) < 0) t->set_steps(0);
+  }
+  if (absl::GetFlag(FLAGS_seed) >= 0) t->set_seed(absl::GetFlag(FLAGS_seed));
+  if (absl::GetFlag(FLAGS_threads_per_block) > 0) {
+    t->set_threads_per_block(absl::GetFlag(FLAGS_threads_per_block));
+  }
+  interlock::TrainOptions options;
+  if (int code = TrainOptionsFromFlags(options); code != 0) return code;
 
   auto result = interlock::Train(config, options);
   if (g_interrupted) return Fail("interrupted", 130);
@@ -214,6 +250,65 @@ int RunTrain() {
   return 0;
 }
 
+// `interlock compare`: every mode of --modes on the same config and seed.
+int RunCompare() {
+  if (!absl::GetFlag(FLAGS_mode).empty() || absl::GetFlag(FLAGS_n) != 0 ||
+      !absl::GetFlag(FLAGS_rule).empty()) {
+    return Fail("compare: choose the modes with --modes, not --mode/--n/--rule",
+                2);
+  }
+  interlock::CompareOptions o;
+  o.config_path = absl::GetFlag(FLAGS_config);
+  o.modes = absl::GetFlag(FLAGS_modes);
+  o.out_dir = absl::GetFlag(FLAGS_out);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.threads_per_block = absl::GetFlag(FLAGS_threads_per_block);
+  o.command_line = g_command_line;
+  o.interrupted = &g_interrupted;
+  if (int code = TrainOptionsFromFlags(o.train); code != 0) return code;
+  return interlock::CompareMain(o);
+}
+
+// `interlock simulate`: predictions for every mode from a run's profile.
+int RunSimulate() {
+  interlock::SimulateOptions o;
+  o.profile = absl::GetFlag(FLAGS_profile);
+  o.blocks = absl::GetFlag(FLAGS_blocks);
+  o.microbatches = absl::GetFlag(FLAGS_microbatches);
+  o.sweep = absl::GetFlag(FLAGS_sweep);
+  const std::string rule = absl::AsciiStrToLower(absl::GetFlag(FLAGS_rule));
+  if (!rule.empty() && rule != "furthest" && rule != "sum") {
+    return Fail(absl::StrCat("--rule: '", rule, "', expected furthest or sum"),
+                2);
+  }
+  o.sum_rule = rule == "sum";
+  const std::string mode = absl::AsciiStrToLower(absl::GetFlag(FLAGS_mode));
+  const int n = absl::GetFlag(FLAGS_n);
+  if (mode == "e2e") {
+    if (n != 0) return Fail("--n: give a width or e2e, not both", 2);
+    o.has_mode = true;
+    o.mode.e2e = true;
+  } else if (!mode.empty() && mode != "interlock") {
+    return Fail(absl::StrCat("--mode: '", mode, "', expected e2e or interlock"),
+                2);
+  } else if (n != 0) {
+    if (n < 0) return Fail("--n: must be >= 1 or e2e", 2);
+    o.has_mode = true;
+    o.mode.n = n;
+    o.mode.sum = o.sum_rule;
+  }
+  if (g_given_flags.count("link_bandwidth")) {
+    o.bandwidth = absl::GetFlag(FLAGS_link_bandwidth);
+    if (o.bandwidth <= 0) return Fail("--link-bandwidth must be > 0", 2);
+  }
+  if (g_given_flags.count("link_latency")) {
+    o.latency = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_link_latency));
+    if (o.latency < 0) return Fail("--link-latency must be >= 0", 2);
+  }
+  return interlock::SimulateMain(o, std::cout, std::cerr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -222,12 +317,30 @@ int main(int argc, char** argv) {
   // Accept --dump-params as well as --dump_params: hyphens are the usual CLI
   // spelling, Abseil flag names use underscores.
   std::vector<std::string> storage(argv, argv + argc);
+  std::vector<std::string> typed;
+  for (const auto& a : storage) {
+    const bool plain =
+        !a.empty() && a.find_first_of(" '\"$`\\") == std::string::npos;
+    typed.push_back(
+        plain ? a : "'" + absl::StrReplaceAll(a, {{"'", "'\\''"}}) + "'");
+  }
+  g_command_line = absl::StrJoin(typed, " ");
+  // `--n e2e` (simulate's way to pick E2E) means --mode=e2e.
+  for (size_t i = 1; i < storage.size(); ++i) {
+    if (storage[i] == "--n=e2e" ||
+        (storage[i] == "--n" && i + 1 < storage.size() &&
+         storage[i + 1] == "e2e")) {
+      if (storage[i] == "--n") storage.erase(storage.begin() + i + 1);
+      storage[i] = "--mode=e2e";
+    }
+  }
   std::vector<char*> argv2;
   for (auto& a : storage) {
     if (a.rfind("--", 0) == 0) {
       for (size_t i = 2; i < a.size() && a[i] != '='; ++i) {
         if (a[i] == '-') a[i] = '_';
       }
+      g_given_flags.insert(a.substr(2, a.find('=') - 2));
     }
     argv2.push_back(a.data());
   }
@@ -253,6 +366,8 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("unexpected argument '", args[2], "'"), 2);
   }
   if (command == "train") return RunTrain();
+  if (command == "compare") return RunCompare();
+  if (command == "simulate") return RunSimulate();
 #endif
 #ifndef INTERLOCK_COORDINATOR_BINARY
   return Fail(absl::StrCat("unknown command '", command, "'; usage: ", kUsage),

@@ -1,0 +1,40 @@
+// `interlock compare`: trains several modes of one config on the same data
+// order and seed, each into DIR/<mode>/, then writes DIR/report.md (a table of
+// steps, step times on the wall and virtual clocks, utilisation and the final
+// test metric of every head) and PNG plots drawn with gnuplot.
+#ifndef INTERLOCK_COORDINATOR_COMPARE_H_
+#define INTERLOCK_COORDINATOR_COMPARE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "coordinator/train.h"
+
+namespace interlock {
+
+struct CompareOptions {
+  std::string config_path;
+  std::string modes;  // "e2e,1,2,2sum" (see ParseModes)
+  std::string out_dir;
+  int64_t steps = -1;  // >= 0 overrides the config's steps
+  int64_t seed = -1;   // >= 0 overrides the config's seed
+  int threads_per_block = 0;
+  // Engine, schedule, budgets, link model, progress and cluster settings of
+  // every mode's run; out_dir and progress_label are set per mode.
+  TrainOptions train;
+  // As typed, for the report.
+  std::string command_line;
+  // Set by a signal handler: no further mode is started.
+  const std::atomic<bool>* interrupted = nullptr;
+};
+
+// Runs the command; progress and errors go to options.train.log. Returns the
+// exit code: 0, 2 for bad arguments, 1 for any other failure (a failed mode
+// or plot; the report is still written when at least the runs were tried).
+int CompareMain(const CompareOptions& options);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_COMPARE_H_

@@ -1,0 +1,113 @@
+// `interlock simulate`: predicts step time, utilisation and idle time per
+// block for every mode from a run's measured profile (profile.json), for the
+// measured number of blocks or the same model cut into K blocks of equal
+// cost, by replaying the schedule on the virtual clock (virtual_clock.h).
+//
+// Costs per block and micro-batch: forward, head (none for E2E's inner
+// blocks), the parameter backward pass, and the input-gradient-only passes
+// the mode needs (PipelineShape::EarlyCount). One such pass costs what the
+// profile measured per pass at that block; where the profile's mode ran none
+// there, it is modelled as kInputOnlyShare of the parameter pass. Per-micro-
+// batch costs and message bytes scale by M_profile / M.
+#ifndef INTERLOCK_COORDINATOR_SIMULATE_H_
+#define INTERLOCK_COORDINATOR_SIMULATE_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "coordinator/virtual_clock.h"
+
+namespace interlock {
+
+// Cost of an input-gradient-only pass relative to the parameter backward
+// pass, where the profile did not measure one.
+inline constexpr double kInputOnlyShare = 0.5;
+// Steps replayed per prediction and the warm-up excluded from the mean.
+inline constexpr int64_t kSimSteps = 20;
+inline constexpr int64_t kSimWarmup = 5;
+
+// A training mode: E2E, or n-way interlocking with a rule.
+struct ModeSpec {
+  bool e2e = false;
+  int n = 1;
+  bool sum = false;  // SUM rule (FURTHEST otherwise)
+
+  // "e2e", "2-way furthest", "2-way sum" (as `interlock train` prints it).
+  std::string Label() const;
+  // Folder name: "e2e", "2way", "2sum".
+  std::string Dir() const;
+  bool operator==(const ModeSpec& o) const {
+    return e2e == o.e2e && (e2e || (n == o.n && sum == o.sum));
+  }
+};
+
+// Parses a comma-separated list such as "e2e,1,2,3,2sum,3sum" (N means
+// FURTHEST, Nsum the SUM rule) for a model of `blocks` blocks. Errors
+// (INVALID_ARGUMENT) name the entry that is wrong.
+absl::StatusOr<std::vector<ModeSpec>> ParseModes(absl::string_view list,
+                                                 int blocks);
+
+// profile.json of a run: per-block mean costs and message sizes.
+struct Profile {
+  std::string path;
+  int blocks = 0;
+  int microbatches = 1;
+  int64_t batch_size = 0;
+  ModeSpec mode;
+  int64_t input_bytes = 0;
+  std::vector<int64_t> down_bytes;  // K-1
+  std::vector<int64_t> up_bytes;    // K-1
+  LinkModel link;
+  std::vector<BlockProfile> per_block;
+  double step_wall = 0.0;
+  double step_virtual = 0.0;
+};
+
+// Reads DIR/profile.json (or the file itself when `path` names one).
+// NOT_FOUND for a missing file, INVALID_ARGUMENT naming the field for a
+// malformed one.
+absl::StatusOr<Profile> LoadProfile(const std::string& path);
+
+// The pipeline of `mode` with `blocks` blocks and `microbatches` micro-batches
+// per step, costs taken from the profile: the measured ones when the number
+// of blocks matches, else the model cut into equal blocks.
+struct ScaledPipeline {
+  PipelineShape shape;
+  std::vector<BlockProfile> costs;
+};
+ScaledPipeline ScaleProfile(const Profile& profile, int blocks,
+                            int microbatches, const LinkModel& link,
+                            const ModeSpec& mode);
+
+// Replays kSimSteps steps of the scaled pipeline.
+SimResult PredictMode(const Profile& profile, int blocks, int microbatches,
+                      const LinkModel& link, const ModeSpec& mode);
+
+// Every mode worth a row for K blocks: E2E, 1..K FURTHEST, and SUM for the
+// widths where it costs something else than FURTHEST.
+std::vector<ModeSpec> ModesFor(int blocks);
+
+struct SimulateOptions {
+  std::string profile;    // run folder or profile.json
+  int blocks = 0;         // 0: the profile's
+  int microbatches = 0;   // 0: the profile's
+  bool has_mode = false;  // a mode was chosen (marked in the table)
+  ModeSpec mode;
+  bool sum_rule = false;    // --rule sum (sweep, chosen mode)
+  double bandwidth = -1.0;  // bytes/s; < 0: the profile's link
+  double latency = -1.0;    // seconds; < 0: the profile's link
+  bool sweep = false;
+};
+
+// Runs the command: tables on `out`, warnings and errors on `err`. Returns
+// the exit code (2 for bad arguments, 1 for an unreadable profile).
+int SimulateMain(const SimulateOptions& options, std::ostream& out,
+                 std::ostream& err);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_SIMULATE_H_

@@ -1,0 +1,367 @@
+// `interlock compare` end to end through the CLI (report table, PNG plots,
+// bad --modes) and `interlock simulate` on the profile compare produced, plus
+// the simulator's scaling worked out by hand.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "coordinator/simulate.h"
+#include "tests/test_util.h"
+
+namespace interlock {
+namespace {
+
+using interlock::testing::RunCommand;
+
+const std::string kCli = INTERLOCK_CLI;
+const std::string kSrc = INTERLOCK_SOURCE_DIR;
+
+std::string ReadFile(const std::string& path) {
+  std::stringstream s;
+  s << std::ifstream(path, std::ios::binary).rdbuf();
+  return s.str();
+}
+
+// The cells of a Markdown table row "| a | b |".
+std::vector<std::string> Cells(const std::string& line) {
+  std::vector<std::string> out;
+  absl::string_view body = line;
+  absl::ConsumePrefix(&body, "|");
+  absl::ConsumeSuffix(&body, "|");
+  for (absl::string_view c : absl::StrSplit(body, '|')) {
+    out.emplace_back(absl::StripAsciiWhitespace(c));
+  }
+  return out;
+}
+
+double Number(std::string cell) {
+  if (!cell.empty() && cell.back() == '%') cell.pop_back();
+  double d = 0;
+  EXPECT_TRUE(absl::SimpleAtod(cell, &d)) << "not a number: '" << cell << "'";
+  return d;
+}
+
+uint32_t BigEndian32(const std::string& s, size_t at) {
+  uint32_t v = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    v = (v << 8) | static_cast<unsigned char>(s[at + i]);
+  }
+  return v;
+}
+
+// A PNG file: the signature, then an IHDR chunk with a non-zero size.
+void ExpectPng(const std::string& path) {
+  SCOPED_TRACE(path);
+  const std::string png = ReadFile(path);
+  ASSERT_GE(png.size(), 33u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_EQ(BigEndian32(png, 8), 13u);  // IHDR length
+  EXPECT_EQ(png.substr(12, 4), "IHDR");
+  EXPECT_GT(BigEndian32(png, 16), 0u);  // width
+  EXPECT_GT(BigEndian32(png, 20), 0u);  // height
+}
+
+class CompareTest : public ::testing::Test {
+ protected:
+  // One tiny compare for the whole suite: 3 blocks, modes e2e, 1, 2.
+  static void SetUpTestSuite() {
+    dir_ = (std::filesystem::temp_directory_path() /
+            ("interlock_compare_" + std::to_string(getpid())))
+               .string();
+    std::filesystem::remove_all(dir_);
+    run_ = RunCommand(kCli + " compare --config " + kSrc +
+                      "/configs/tests/tiny_resnet.pbtxt --modes e2e,1,2 "
+                      "--steps 6 --out " +
+                      dir_);
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+
+  static std::string dir_;
+  static interlock::testing::CommandResult run_;
+};
+std::string CompareTest::dir_;
+interlock::testing::CommandResult CompareTest::run_;
+
+TEST_F(CompareTest, ReportTableHasARowPerMode) {
+  ASSERT_EQ(run_.exit_code, 0) << run_.output;
+  // Progress names the mode and its place.
+  EXPECT_NE(run_.output.find("[2/3] 1-way furthest"), std::string::npos)
+      << run_.output;
+  const std::string report = ReadFile(dir_ + "/report.md");
+  EXPECT_NE(report.find("--modes e2e,1,2"), std::string::npos);  // command
+  EXPECT_NE(report.find("tiny_resnet"), std::string::npos);
+  std::istringstream in(report);
+  std::string line;
+  std::vector<std::string> header;
+  std::vector<std::vector<std::string>> rows;
+  while (std::getline(in, line)) {
+    if (line.rfind("| mode |", 0) == 0) {
+      header = Cells(line);
+      std::getline(in, line);  // |---|---:|
+      while (std::getline(in, line) && line.rfind("|", 0) == 0) {
+        rows.push_back(Cells(line));
+      }
+      break;
+    }
+  }
+  ASSERT_EQ(header.size(), 11u) << report;  // 8 columns + 3 heads
+  EXPECT_EQ(header[1], "steps");
+  EXPECT_EQ(header[4], "step wall (s)");
+  EXPECT_EQ(header[5], "step virtual (s)");
+  EXPECT_EQ(header[6], "utilisation");
+  EXPECT_EQ(header[8], "block 0 aux accuracy");
+  EXPECT_EQ(header[10], "block 2 final accuracy");
+  ASSERT_EQ(rows.size(), 3u) << report;
+  const std::vector<std::string> modes = {"e2e", "1-way furthest",
+                                          "2-way furthest"};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE(modes[i]);
+    ASSERT_EQ(rows[i].size(), header.size());
+    EXPECT_EQ(rows[i][0], modes[i]);
+    EXPECT_EQ(Number(rows[i][1]), 6);
+    for (int c : {2, 3}) EXPECT_GE(Number(rows[i][c]), 0) << c;
+    for (int c : {4, 5}) EXPECT_GT(Number(rows[i][c]), 0) << c;
+    const double util = Number(rows[i][6]);
+    EXPECT_GT(util, 0);
+    EXPECT_LE(util, 100);
+    const double acc = Number(rows[i][10]);
+    EXPECT_GE(acc, 0);
+    EXPECT_LE(acc, 100);
+    if (i == 0) {
+      EXPECT_EQ(rows[i][8], "-");  // E2E has no auxiliary heads
+    } else {
+      Number(rows[i][8]);
+    }
+  }
+}
+
+TEST_F(CompareTest, PlotsAreValidPngsEmbeddedInTheReport) {
+  ASSERT_EQ(run_.exit_code, 0) << run_.output;
+  const std::string report = ReadFile(dir_ + "/report.md");
+  for (const char* png : {"metric_virtual_time.png", "metric_wall_time.png",
+                          "metric_steps.png", "loss_steps.png"}) {
+    ExpectPng(dir_ + "/" + png);
+    EXPECT_NE(report.find(std::string("](") + png + ")"), std::string::npos)
+        << png;
+  }
+  for (const char* mode : {"e2e", "1way", "2way"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir_ + "/" + mode + "/metrics.jsonl"))
+        << mode;
+  }
+}
+
+TEST_F(CompareTest, SimulatePredictsEveryModeFromTheProfile) {
+  ASSERT_EQ(run_.exit_code, 0) << run_.output;
+  auto r = RunCommand(kCli + " simulate --profile " + dir_ +
+                      "/2way --blocks 3 --n 2 --sweep");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Rows: "[*] LABEL  step  speed-up  utilisation  idle...".
+  auto step_of = [&](const std::string& label) {
+    std::istringstream lines(r.output);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.size() < 2 ||
+          line.compare(2, label.size() + 2, label + "  ") != 0) {
+        continue;
+      }
+      std::istringstream in(line.substr(2 + label.size()));
+      double step = -1;
+      in >> step;
+      return step;
+    }
+    return -1.0;
+  };
+  for (const char* mode : {"e2e", "1-way furthest", "2-way furthest",
+                           "3-way furthest", "3-way sum"}) {
+    EXPECT_GT(step_of(mode), 0) << mode << "\n" << r.output;
+  }
+  EXPECT_NE(r.output.find("* 2-way furthest"), std::string::npos) << r.output;
+  // With K = 3, 2-way SUM runs the same passes as FURTHEST: no row of its own.
+  EXPECT_EQ(step_of("2-way sum"), -1.0) << r.output;
+  EXPECT_LT(step_of("1-way furthest"), step_of("e2e")) << r.output;
+  EXPECT_NE(r.output.find("Step time (s) of the profiled model cut into K"),
+            std::string::npos)
+      << r.output;
+
+  // --n e2e marks the E2E row; a profile from E2E warns about head costs.
+  auto e = RunCommand(kCli + " simulate --profile " + dir_ + "/e2e --n e2e");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_NE(e.output.find("* e2e"), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("warning"), std::string::npos) << e.output;
+}
+
+TEST(Compare, BadModesGiveAClearError) {
+  struct Case {
+    std::string modes;
+    std::string fragment;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"e2e,x", "'x' is not a mode"},
+           {"e2e,4", "'4' needs 1 <= n <= K, and the model has K = 3"},
+           {"0", "'0' needs 1 <= n <= K"},
+           {"2,2way", "'2way' (2-way furthest) is listed twice"},
+           {"e2e,,1", "empty entry"},
+           {"2max", "'2max' is not a mode"},
+           {"-1", "'-1' is not a mode"},
+       }) {
+    SCOPED_TRACE(c.modes);
+    auto m = ParseModes(c.modes, 3);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(m.status().message().find("--modes: " + c.fragment),
+              std::string::npos)
+        << m.status();
+  }
+  // Through the CLI: the message and exit code 2, before any training.
+  const std::string out = std::filesystem::temp_directory_path().string() +
+                          "/interlock_compare_bad";
+  auto r = RunCommand(kCli + " compare --config " + kSrc +
+                      "/configs/tests/tiny_resnet.pbtxt --steps 1 --out " +
+                      out + " --modes e2e,5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("interlock: error: --modes: '5' needs 1 <= n <= K"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST(Simulate, BadProfilesNameWhatIsWrong) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("interlock_profile_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string missing = (dir / "nothing").string();
+  auto r = RunCommand(kCli + " simulate --profile " + missing);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("cannot read " + missing), std::string::npos)
+      << r.output;
+
+  const std::string file = (dir / "profile.json").string();
+  std::ofstream(file) << "{\"blocks\": 2, \"microbatches\": 1";
+  auto p = LoadProfile(dir.string());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("not a JSON object"), std::string::npos)
+      << p.status();
+
+  std::ofstream(file, std::ios::trunc)
+      << "{\"blocks\": 2, \"microbatches\": 1, \"batch_size\": 8, "
+         "\"mode\": \"e2e\", \"input_bytes\": 10, \"down_bytes\": [4], "
+         "\"up_bytes\": [4], \"link\": {\"latency_seconds\": 0, "
+         "\"bytes_per_second\": 0}, \"per_block\": [{\"forward\": 1, "
+         "\"head\": 0, \"backward\": 1, \"optimizer\": 0}], "
+         "\"step_seconds\": {\"wall\": 1, \"virtual\": 1}}";
+  p = LoadProfile(file);
+  EXPECT_NE(p.status().message().find(
+                "field 'per_block' must be an array of 2 objects"),
+            std::string::npos)
+      << p.status();
+
+  r = RunCommand(kCli + " simulate --profile " + file + " --microbatches -1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// A profile with hand-picked costs and free links.
+Profile HandProfile(int blocks, ModeSpec mode, double forward, double head,
+                    double backward) {
+  Profile p;
+  p.blocks = blocks;
+  p.microbatches = 1;
+  p.mode = mode;
+  p.link.latency_seconds = 0;
+  p.link.bytes_per_second = 0;  // no transfer time
+  p.down_bytes.assign(blocks - 1, 1000);
+  p.up_bytes.assign(blocks - 1, 1000);
+  for (int k = 0; k < blocks; ++k) {
+    p.per_block.push_back(BlockProfile{forward, head, backward, 0.0});
+  }
+  return p;
+}
+
+TEST(Simulate, StepTimesWorkedOutByHand) {
+  ModeSpec e2e;
+  e2e.e2e = true;
+  ModeSpec one;
+  one.n = 1;
+  // E2E, K = 2, forward 1, final loss 0.5, backward 2, no optimizer cost:
+  // the chain is f + f + h + b + b = 6.5 s.
+  const Profile p = HandProfile(2, e2e, 1.0, 0.5, 2.0);
+  EXPECT_NEAR(PredictMode(p, 2, 1, p.link, e2e).step_seconds, 6.5, 1e-9);
+  // 1-way: every block runs alone; the last one is the longest (f + h + b),
+  // the E2E profile has no auxiliary head cost.
+  EXPECT_NEAR(PredictMode(p, 2, 1, p.link, one).step_seconds, 3.5, 1e-9);
+  // The same model cut into 4 equal blocks: E2E's chain is unchanged.
+  EXPECT_NEAR(PredictMode(p, 4, 1, p.link, e2e).step_seconds, 6.5, 1e-9);
+  const ScaledPipeline four = ScaleProfile(p, 4, 1, p.link, e2e);
+  ASSERT_EQ(four.costs.size(), 4u);
+  EXPECT_NEAR(four.costs[1].forward, 0.5, 1e-12);
+  EXPECT_NEAR(four.costs[1].backward, 1.0, 1e-12);
+  EXPECT_NEAR(four.costs[3].head, 0.5, 1e-12);
+  EXPECT_EQ(four.shape.down_bytes, std::vector<int64_t>(3, 1000));
+}
+
+TEST(Simulate, InputGradientPassesPerMode) {
+  ModeSpec one;
+  one.n = 1;
+  ModeSpec two;
+  two.n = 2;
+  ModeSpec three;
+  three.n = 3;
+  ModeSpec three_sum = three;
+  three_sum.sum = true;
+  // Measured in 2-way FURTHEST with K = 3: block 1 ran one early pass
+  // (sending its own head's gradient up) that took 0.8 s; blocks 0 and 2
+  // ran none.
+  Profile p = HandProfile(3, two, 1.0, 0.25, 3.0);
+  p.per_block[1].input_grad = 0.8;
+  auto input_grad = [&](const ModeSpec& m, int k) {
+    return ScaleProfile(p, 3, 1, p.link, m).costs[k].input_grad;
+  };
+  EXPECT_NEAR(input_grad(one, 1), 0.0, 1e-12);
+  EXPECT_NEAR(input_grad(two, 1), 0.8, 1e-12);
+  // 3-way FURTHEST: block 1 trains on, and sends up, the entry of L[2]; only
+  // its own entry is an early pass. 3-way SUM sends both entries early.
+  EXPECT_NEAR(input_grad(three, 1), 0.8, 1e-12);
+  EXPECT_NEAR(input_grad(three_sum, 1), 1.6, 1e-12);
+  // Block 0 sends nothing up; the parameter pass is the measured one.
+  EXPECT_NEAR(input_grad(three_sum, 0), 0.0, 1e-12);
+  EXPECT_NEAR(ScaleProfile(p, 3, 1, p.link, three_sum).costs[1].backward, 3.0,
+              1e-12);
+  // Where the profile's mode ran no early pass, one counts kInputOnlyShare of
+  // the parameter pass: a 1-way profile predicting 3-way SUM.
+  Profile local = HandProfile(3, one, 1.0, 0.25, 3.0);
+  EXPECT_NEAR(
+      ScaleProfile(local, 3, 1, local.link, three_sum).costs[1].input_grad,
+      2 * kInputOnlyShare * 3.0, 1e-12);
+  // Gradient bytes: the profile sent one entry of 1000 bytes per link, so
+  // 3-way's two entries from block 1 weigh 2000.
+  const ScaledPipeline three_lists = ScaleProfile(p, 3, 1, p.link, three);
+  EXPECT_EQ(three_lists.shape.up_bytes, (std::vector<int64_t>{2000, 1000}));
+  // Two micro-batches per step: per-micro-batch costs and bytes halve.
+  const ScaledPipeline m2 = ScaleProfile(p, 3, 2, p.link, two);
+  EXPECT_NEAR(m2.costs[2].forward, 0.5, 1e-12);
+  EXPECT_NEAR(m2.costs[1].input_grad, 0.4, 1e-12);
+  EXPECT_EQ(m2.shape.down_bytes[0], 500);
+  EXPECT_EQ(m2.shape.window, 4);
+}
+
+TEST(Simulate, ParseModes) {
+  auto m = ParseModes("e2e, 1,2sum,3way", 3);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->size(), 4u);
+  EXPECT_TRUE((*m)[0].e2e);
+  EXPECT_EQ((*m)[2].n, 2);
+  EXPECT_TRUE((*m)[2].sum);
+  EXPECT_EQ((*m)[2].Dir(), "2sum");
+  EXPECT_EQ((*m)[3].Label(), "3-way furthest");
+  EXPECT_EQ(ModesFor(2).size(), 3u);  // e2e, 1-way, 2-way (SUM costs the same)
+}
+
+}  // namespace
+}  // namespace interlock
