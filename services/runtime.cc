@@ -23,6 +23,11 @@ void TuneAllocator() {
   // trim threshold alone still serves large blocks by mmap.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // Larger blocks never get an mmap of their own either: a 32 MiB tensor or
+  // message buffer would otherwise get fresh, zeroed pages on every
+  // allocation (the wire benchmark measured 60k page faults and 0.03x of raw
+  // TCP per 32 MiB exchange; docs/BENCHMARKS.md).
+  mallopt(M_MMAP_MAX, 0);
   // One arena: a block's executor thread otherwise gets an arena of its own
   // whose heaps are still handed back and faulted in every step (measured
   // ~80 MB of fresh pages per step in worker 0, BENCHMARKS.md). Our threads
