@@ -65,6 +65,8 @@ ABSL_FLAG(absl::Duration, budget, absl::ZeroDuration(),
 ABSL_FLAG(absl::Duration, budget_virtual, absl::ZeroDuration(),
           "stop at this much time on the virtual clock (one accelerator per "
           "block), then evaluate");
+ABSL_FLAG(int, window, 0,
+          "micro-batches in flight (0: 2 x blocks x micro-batches per step)");
 ABSL_FLAG(absl::Duration, link_latency, absl::Microseconds(100),
           "virtual clock: latency of every message between processes");
 ABSL_FLAG(double, link_bandwidth, 1.5e9,
@@ -169,6 +171,8 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   options.budget_wall = absl::GetFlag(FLAGS_budget);
+  if (absl::GetFlag(FLAGS_window) < 0) return Fail("--window: must be >= 0", 2);
+  options.window = absl::GetFlag(FLAGS_window);
   options.budget_virtual = absl::GetFlag(FLAGS_budget_virtual);
   if (options.budget_wall < absl::ZeroDuration() ||
       options.budget_virtual < absl::ZeroDuration()) {

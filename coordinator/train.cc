@@ -100,7 +100,11 @@ class Runner {
     progress_ = &progress;
     start_ = Clock::now();
     steps_done_.assign(k_, 0);
-    const int window = 2 * m;
+    // Micro-batches in flight. A completion comes back only after the
+    // micro-batch went down the whole chain and its reports came up again,
+    // so keeping K blocks busy in 1-way and n-way needs about 2K of them;
+    // E2E limits itself (block 0 waits for its gradient).
+    const int window = o_.window > 0 ? o_.window : 2 * k_ * m;
     int64_t epoch = -1;
     std::vector<int64_t> perm;
     for (int64_t s = 0; s < asked; ++s) {

@@ -42,6 +42,8 @@ struct TrainOptions {
   // Cluster: how long to wait for a worker to be reachable.
   absl::Duration connect_timeout = absl::Seconds(30);
   std::string metrics_host = "0.0.0.0";
+  // Micro-batches in flight between the coordinator and the chain; 0: 2KM.
+  int window = 0;
   // Time budgets (zero: none). The run stops submitting steps once training
   // time (wall, evaluation excluded) or the virtual clock reaches the
   // budget, finishes the steps in flight, then evaluates.
