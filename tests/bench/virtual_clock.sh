@@ -18,7 +18,7 @@
 # Settings (environment variables):
 #   STEPS=30 FID_WARMUP=5        fidelity runs
 #   HSTEPS=14 HEAD_WARMUP=4      headline runs
-#   ROUNDS=2                     rounds of the fidelity runs
+#   ROUNDS=2                     rounds (every mode once per round)
 #   PARTS="fidelity headline"
 #   INTERLOCK=build/coordinator/interlock
 #   KEEP=DIR                     keep run folders (default: temporary)
@@ -79,16 +79,20 @@ for part in $PARTS; do
       done
     done
   else
-    for mode in e2e 1 2sum 2 3sum; do
-      dir=$OUT/head-$mode
-      echo "headline $mode" >&2
-      # shellcheck disable=SC2046
-      "$INTERLOCK" train --config configs/kjv_transformer_k4.pbtxt \
-        $(mode_flags "$mode") --threads-per-block 1 --schedule sequential \
-        --steps "$HSTEPS" --quiet --out "$dir" >/dev/null
-      printf 'headline\t4\t%s\tinprocess\t1\t%s\n' "$mode" "$dir" >>"$OUT/runs.tsv"
+    for r in $(seq 1 "$ROUNDS"); do
+      for mode in e2e 1 2sum 2 3sum; do
+        dir=$OUT/head-$mode-r$r
+        echo "headline $mode round $r" >&2
+        # shellcheck disable=SC2046
+        "$INTERLOCK" train --config configs/kjv_transformer_k4.pbtxt \
+          $(mode_flags "$mode") --threads-per-block 1 --schedule sequential \
+          --steps "$HSTEPS" --quiet --out "$dir" >/dev/null
+        printf 'headline\t4\t%s\tinprocess\t%s\t%s\n' "$mode" "$r" "$dir" \
+          >>"$OUT/runs.tsv"
+      done
     done
   fi
 done
 date -u +"end %Y-%m-%dT%H:%M:%SZ" | tee -a "$OUT/when"
-python3 tests/bench/virtual_clock_stats.py "$OUT"
+python3 tests/bench/virtual_clock_stats.py "$OUT" --fid-warmup "${FID_WARMUP:-5}" \
+  --head-warmup "${HEAD_WARMUP:-4}"

@@ -63,8 +63,8 @@ def main():
                 else:
                     fid[key]["sim"].append(simulated(run, mode))
             else:
-                head[mode] = step_times(path, args.head_warmup,
-                                        "virtual_seconds")
+                head.setdefault(mode, []).extend(
+                    step_times(path, args.head_warmup, "virtual_seconds"))
     if fid:
         print("### Fidelity, K = 2 (two workers, one thread each)\n")
         print("| M | mode | measured wall s/step | run's virtual clock | "
