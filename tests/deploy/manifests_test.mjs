@@ -258,10 +258,13 @@ function checkCoordinator(jobs, chain, byKind) {
   const configMap = configVolume?.configMap &&
     byKind("ConfigMap").find((m) => m.metadata.name === configVolume.configMap.name);
   check(configMap?.data?.[path.basename(config)], `${w}: --config is a key of the run ConfigMap`);
+  const runVar = c.env?.find((e) =>
+    e.valueFrom?.fieldRef?.fieldPath === "metadata.labels['interlock/run']")?.name;
   for (const flag of ["checkpoint-dir", "out"]) {
     const dir = flagValue(c.args, flag);
     check(dir && volumeFor(spec, c, dir)?.persistentVolumeClaim,
       `${w}: --${flag} is on a persistent volume`);
+    check(runVar && dir?.includes(`/$(${runVar})/`), `${w}: --${flag} is a folder of its own run`);
   }
   const token = flagValue(c.args, "token-file");
   check(token && volumeFor(spec, c, token)?.secret, `${w}: --token-file is read from the Secret volume`);
