@@ -8,8 +8,9 @@
 # on loopback, for modes e2e, 1, 2 (FURTHEST) and 2sum (SUM). The test split is
 # capped (MAX_TEST): only the end-of-run evaluation, outside the timed steps,
 # gets shorter. The Transformer takes about 1.1 s per step in process on an
-# idle machine, so it gets fewer steps and rounds; the whole benchmark takes
-# about 12 minutes on an idle 2-core machine.
+# idle machine, so it gets fewer steps and rounds. The whole benchmark took
+# 23 minutes on the 2-core machine fully loaded by other work; idle, about
+# 10-12 minutes (estimated).
 #
 # Settings (environment variables):
 #   MODES="e2e 1 2 2sum"
