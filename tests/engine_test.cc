@@ -304,6 +304,40 @@ TEST(Driver, EntriesTravelAsSoonAsTheyExist) {
   EXPECT_EQ(ups[1].reports[1].block, 2);
 }
 
+// Budgets stop a run early, between steps, and the run still evaluates.
+TEST(Budgets, VirtualAndWallBudgetsStopTheRun) {
+  RunConfig c = Parse(kMlp);
+  c.mutable_training()->set_mode(interlock::v1::TrainingSpec::INTERLOCK);
+  c.mutable_training()->set_n(2);
+  c.mutable_training()->set_steps(10);
+  const TrainResult probe = MustTrain(c, false);
+  ASSERT_GT(probe.mean_step_virtual, 0);
+  ASSERT_GT(probe.utilisation, 0);
+  ASSERT_EQ(probe.evals.size(), 1u);
+
+  c.mutable_training()->set_steps(100000);
+  TrainOptions o;
+  o.quiet = true;
+  const double budget = 20 * probe.mean_step_virtual;
+  o.budget_virtual = absl::Seconds(budget);
+  auto r = Train(c, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->steps, 0);
+  EXPECT_LT(r->steps, 100000);
+  // Projected from the replayed steps: it ends near the budget, not past
+  // it by more than a few steps' worth.
+  EXPECT_LT(r->virtual_seconds, budget + 5 * r->mean_step_virtual);
+  EXPECT_FALSE(r->eval.empty());
+
+  TrainOptions w;
+  w.quiet = true;
+  w.budget_wall = absl::Milliseconds(500);
+  auto rw = Train(c, w);
+  ASSERT_TRUE(rw.ok()) << rw.status();
+  EXPECT_LT(rw->steps, 100000);
+  EXPECT_LT(rw->wall_seconds, 5.0);
+}
+
 // One thread for all blocks and one thread per block: bitwise identical.
 TEST(Determinism, ThreadedEqualsSequential) {
   for (const char* text : {kResNet, kTransformer}) {
