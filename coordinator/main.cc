@@ -69,7 +69,7 @@ ABSL_FLAG(int, window, 0,
           "micro-batches in flight (0: 2 x blocks x micro-batches per step)");
 ABSL_FLAG(absl::Duration, link_latency, absl::Microseconds(100),
           "virtual clock: latency of every message between processes");
-ABSL_FLAG(double, link_bandwidth, 1.5e9,
+ABSL_FLAG(double, link_bandwidth, 4.4e8,
           "virtual clock: bytes per second of every link");
 ABSL_FLAG(std::string, modes, "",
           "compare: modes to run, e.g. e2e,1,2,2sum (N: N-way FURTHEST, Nsum: "
