@@ -300,7 +300,8 @@ ScaledPipeline ScaleProfile(const Profile& p, int blocks, int microbatches,
   out.shape = ListsOf(mode, blocks);
   PipelineShape& s = out.shape;
   s.microbatches = microbatches;
-  s.window = 2 * microbatches;
+  // The runner's default: 2 K M micro-batches in flight.
+  s.window = 2 * blocks * microbatches;
   s.link = link;
   s.input_bytes = std::llround(p.input_bytes * scale);
   // Same K: the measured block k; else block k of K equal ones.
