@@ -119,20 +119,36 @@ std::vector<int64_t> PredictSteps(const RunConfig& config,
   const bool serial = o.train.engine == EngineKind::kInProcess &&
                       o.train.schedule == Schedule::kSequential;
   const double cores = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<int64_t> out;
-  for (const ModeSpec& m : modes) {
+  // Predicted virtual and wall step time of a mode.
+  auto predict = [&](const ModeSpec& m) {
     const SimResult s = PredictMode(*profile, profile->blocks,
                                     profile->microbatches, o.train.link, m);
     const double busy = s.utilisation * profile->blocks * s.step_seconds;
-    const double wall = serial ? busy : std::max(s.step_seconds, busy / cores);
+    return std::make_pair(
+        s.step_seconds, serial ? busy : std::max(s.step_seconds, busy / cores));
+  };
+  // The profile's means include the first step's start-up; the run's means
+  // after it put the predictions back on scale.
+  const auto [first_virtual, first_wall] = predict(modes[0]);
+  const double scale_virtual = first_virtual > 0 && run->mean_step_virtual > 0
+                                   ? run->mean_step_virtual / first_virtual
+                                   : 1.0;
+  const double scale_wall = first_wall > 0 && run->mean_step_wall > 0
+                                ? run->mean_step_wall / first_wall
+                                : 1.0;
+  const double bv = absl::ToDoubleSeconds(o.train.budget_virtual);
+  const double bw = absl::ToDoubleSeconds(o.train.budget_wall);
+  std::vector<int64_t> out;
+  for (const ModeSpec& m : modes) {
+    const auto [step_virtual, step_wall] = predict(m);
     int64_t expected = total;
-    const double bv = absl::ToDoubleSeconds(o.train.budget_virtual);
-    const double bw = absl::ToDoubleSeconds(o.train.budget_wall);
-    if (bv > 0 && s.step_seconds > 0) {
-      expected = std::min<int64_t>(expected, std::ceil(bv / s.step_seconds));
+    if (bv > 0 && step_virtual > 0) {
+      expected = std::min<int64_t>(
+          expected, std::ceil(bv / (step_virtual * scale_virtual)));
     }
-    if (bw > 0 && wall > 0) {
-      expected = std::min<int64_t>(expected, std::ceil(bw / wall));
+    if (bw > 0 && step_wall > 0) {
+      expected =
+          std::min<int64_t>(expected, std::ceil(bw / (step_wall * scale_wall)));
     }
     out.push_back(std::max<int64_t>(1, expected));
   }
