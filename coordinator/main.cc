@@ -254,6 +254,7 @@ int RunTrain() {
   return 0;
 }
 
+#ifndef INTERLOCK_COORDINATOR_BINARY
 // `interlock compare`: every mode of --modes on the same config and seed.
 int RunCompare() {
   if (!absl::GetFlag(FLAGS_mode).empty() || absl::GetFlag(FLAGS_n) != 0 ||
@@ -312,6 +313,7 @@ int RunSimulate() {
   }
   return interlock::SimulateMain(o, std::cout, std::cerr);
 }
+#endif  // INTERLOCK_COORDINATOR_BINARY
 
 }  // namespace
 

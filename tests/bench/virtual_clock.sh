@@ -71,7 +71,7 @@ for part in $PARTS; do
             if [[ $engine == inprocess ]]; then
               # shellcheck disable=SC2046
               "$INTERLOCK" simulate --profile "$dir" --blocks 2 \
-                $( [[ $mode == e2e ]] && echo "--n e2e" || echo "--n $mode" ) \
+                $( [[ $mode == e2e ]] && echo "--mode e2e" || echo "--n $mode" ) \
                 --microbatches "$m" >"$dir/simulate.txt" 2>&1 || true
             fi
           done
