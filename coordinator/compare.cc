@@ -414,8 +414,8 @@ absl::Status WriteReport(const CompareOptions& o, const RunConfig& config,
                                    absl::UTCTimeZone()),
                   "\n", "* Command: `", o.command_line, "`\n", "* Config: `",
                   o.config_path, "` (", config.name(), ": K = ", blocks,
-                  " blocks, batch ", t.batch_size(), ", M = ", t.microbatches(),
-                  " micro-batches, seed ",
+                  " blocks, batch ", t.batch_size(),
+                  ", micro-batches per step M = ", t.microbatches(), ", seed ",
                   o.seed >= 0 ? static_cast<uint64_t>(o.seed) : t.seed(),
                   "; every mode sees the same data order)\n");
   const bool inprocess = o.train.engine == EngineKind::kInProcess;
