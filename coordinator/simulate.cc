@@ -279,6 +279,11 @@ ScaledPipeline ScaleProfile(const Profile& p, int blocks, int microbatches,
     const int early = measured.EarlyCount(k);
     pass[k] = early > 0 && b.input_grad >= 0 ? b.input_grad / early
                                              : kInputOnlyShare * b.backward;
+    // The parameter pass alone: where it also yielded the input gradient
+    // of an entry that goes upstream, that part costs about one pass.
+    if (measured.Shared(k) >= 0) {
+      backward[k] = std::max(0.0, b.backward - pass[k]);
+    }
   }
   // Bytes of one gradient entry on link k -> k-1: measured where the
   // profile's mode sent gradients, else the activation's size (a gradient
@@ -313,7 +318,8 @@ ScaledPipeline ScaleProfile(const Profile& p, int blocks, int microbatches,
     BlockProfile b;
     const bool last = k + 1 == blocks;
     b.forward = cost(forward, k) * scale;
-    b.backward = cost(backward, k) * scale;
+    b.backward =
+        (cost(backward, k) + (s.Shared(k) >= 0 ? cost(pass, k) : 0.0)) * scale;
     b.input_grad = cost(pass, k) * scale * s.EarlyCount(k);
     b.optimizer = cost(optimizer, k);
     if (last) {

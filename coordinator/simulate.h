@@ -7,7 +7,9 @@
 // blocks), the parameter backward pass, and the input-gradient-only passes
 // the mode needs (PipelineShape::EarlyCount). One such pass costs what the
 // profile measured per pass at that block; where the profile's mode ran none
-// there, it is modelled as kInputOnlyShare of the parameter pass. Per-micro-
+// there, it is modelled as kInputOnlyShare of the parameter pass. A
+// parameter pass that also yields an upstream entry's input gradient
+// (PipelineShape::Shared) costs the parameter pass alone plus one such pass. Per-micro-
 // batch costs and message bytes scale by M_profile / M.
 #ifndef INTERLOCK_COORDINATOR_SIMULATE_H_
 #define INTERLOCK_COORDINATOR_SIMULATE_H_

@@ -314,17 +314,23 @@ TEST(Simulate, StepTimesWorkedOutByHand) {
   one.n = 1;
   // E2E, K = 2, forward 1, final loss 0.5, backward 2, no optimizer cost:
   // the chain is f + f + h + b + b = 6.5 s.
-  const Profile p = HandProfile(2, e2e, 1.0, 0.5, 2.0);
+  Profile p = HandProfile(2, e2e, 1.0, 0.5, 2.0);
+  p.per_block[0].head = 0.0;  // E2E: only the last block has a loss
   EXPECT_NEAR(PredictMode(p, 2, 1, p.link, e2e).step_seconds, 6.5, 1e-9);
-  // 1-way: every block runs alone; the last one is the longest (f + h + b),
-  // the E2E profile has no auxiliary head cost.
-  EXPECT_NEAR(PredictMode(p, 2, 1, p.link, one).step_seconds, 3.5, 1e-9);
-  // The same model cut into 4 equal blocks: E2E's chain is unchanged.
-  EXPECT_NEAR(PredictMode(p, 4, 1, p.link, e2e).step_seconds, 6.5, 1e-9);
+  // 1-way: every block runs alone. Block 1's E2E backward also gave block 0
+  // its input gradient, modelled as half of it, which 1-way does not need:
+  // block 1 takes f + h + b/2 = 2.5, block 0 f + b = 3 (the E2E profile has
+  // no auxiliary head cost).
+  EXPECT_NEAR(PredictMode(p, 2, 1, p.link, one).step_seconds, 3.0, 1e-9);
+  // The same model cut into 4 equal blocks: forward 0.5 each, parameter
+  // passes (2 + 1) / 4 = 0.75, input passes (1 + 1) / 4 = 0.5 on blocks 1-3:
+  // 4 * 0.5 + 0.5 + 0.75 + 3 * 1.25 = 7.0.
+  EXPECT_NEAR(PredictMode(p, 4, 1, p.link, e2e).step_seconds, 7.0, 1e-9);
   const ScaledPipeline four = ScaleProfile(p, 4, 1, p.link, e2e);
   ASSERT_EQ(four.costs.size(), 4u);
   EXPECT_NEAR(four.costs[1].forward, 0.5, 1e-12);
-  EXPECT_NEAR(four.costs[1].backward, 1.0, 1e-12);
+  EXPECT_NEAR(four.costs[0].backward, 0.75, 1e-12);
+  EXPECT_NEAR(four.costs[1].backward, 1.25, 1e-12);
   EXPECT_NEAR(four.costs[3].head, 0.5, 1e-12);
   EXPECT_EQ(four.shape.down_bytes, std::vector<int64_t>(3, 1000));
 }
