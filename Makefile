@@ -5,7 +5,10 @@ JOBS ?= 2
 CONFIG ?= configs/fmnist_resnet_k4.pbtxt
 RUN_ARGS ?= --engine cluster --n 2 --out out/fmnist_resnet_k4
 
-.PHONY: all setup build run test bench clean format image image-test
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 600
+
+.PHONY: all setup build run test bench fuzz clean format image image-test
 
 all: build
 
@@ -36,8 +39,18 @@ image: setup
 image-test:
 	bash deploy/image.sh test
 
+# libFuzzer targets in their own build (clang, ASan + UBSan), each run for
+# FUZZ_SECONDS from the seed corpus in tests/fuzz/corpus.
+$(FUZZ_BUILD)/build.ninja: CMakeLists.txt
+	CC=clang-14 CXX=clang++-14 cmake -S . -B $(FUZZ_BUILD) -G Ninja \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINTERLOCK_FUZZ=ON
+
+fuzz: setup $(FUZZ_BUILD)/build.ninja
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target interlock_fuzz_targets
+	bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
 format:
 	clang-format -style=file -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD)

@@ -52,7 +52,7 @@ class ClusterEngine : public Engine {
     for (const auto& addr : options_.workers) {
       Peer p;
       p.address = addr;
-      p.channel = MakeChannel(addr, max_bytes_);
+      p.channel = MakeChannel(addr, max_bytes_, options_.security);
       p.stub = v1::Worker::NewStub(p.channel);
       peers_.push_back(std::move(p));
     }
@@ -268,6 +268,7 @@ class ClusterEngine : public Engine {
         d.step = m.step_done().step();
         d.timing = {d.block, Phase::kOptimizer,
                     m.step_done().optimizer_seconds()};
+        d.skipped = m.step_done().skipped();
         Push(d);
         return;
       }
@@ -279,9 +280,11 @@ class ClusterEngine : public Engine {
       }
       case v1::UpMessage::kFailure: {
         const auto& f = m.failure();
+        const std::string where =
+            f.address().empty() ? "" : absl::StrCat(" (", f.address(), ")");
         Fail(absl::Status(static_cast<absl::StatusCode>(f.code()),
-                          absl::StrCat("worker ", f.block(), " (", f.address(),
-                                       ") failed: ", f.message())));
+                          absl::StrCat("worker ", f.block(), where,
+                                       " failed: ", f.message())));
         return;
       }
       default:

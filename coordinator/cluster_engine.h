@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
 #include "proto/config.pb.h"
+#include "rpc/security.h"
 
 namespace interlock {
 
@@ -24,6 +25,8 @@ struct ClusterOptions {
   absl::Duration rpc_deadline = absl::Seconds(120);
   // No event for this long stops the run (a stalled chain never hangs).
   absl::Duration stall_timeout = absl::Seconds(600);
+  // Bearer token and TLS for every call to the workers.
+  TransportSecurity security;
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(

@@ -93,8 +93,11 @@ class InProcessEngine : public Engine {
       const torch::Tensor& input, const torch::Tensor& target) override {
     std::vector<HeadEval> out;
     torch::Tensor x = input;
+    bool nonfinite = false;
     for (auto& b : blocks_) {
-      ASSIGN_OR_RETURN(EvalResult r, b->driver->trainer().Evaluate(x, target));
+      ASSIGN_OR_RETURN(EvalResult r,
+                       b->driver->trainer().Evaluate(x, target, nonfinite));
+      nonfinite = r.output_nonfinite;
       for (size_t i = 0; i < r.loss.size(); ++i) {
         out.push_back({b->driver->trainer().options().block, r.loss[i],
                        r.correct[i], r.count});

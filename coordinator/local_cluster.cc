@@ -41,7 +41,8 @@ std::string DefaultWorkerBinary() {
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Launch(
-    int count, const std::string& binary, absl::Duration timeout) {
+    int count, const std::string& binary, absl::Duration timeout,
+    const std::vector<std::string>& extra_args) {
   if (access(binary.c_str(), X_OK) != 0) {
     return absl::NotFoundError(
         absl::StrCat("worker binary not found or not executable: ", binary));
@@ -60,6 +61,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Launch(
     std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=0",
                                      "--metrics_port=0",
                                      "--port_file=" + port_file};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
     const pid_t pid = fork();
     if (pid < 0) return absl::InternalError("fork failed");
     if (pid == 0) {

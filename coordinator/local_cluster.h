@@ -27,9 +27,11 @@ class LocalCluster {
     std::string log_path;
   };
 
+  // `extra_args` go to every worker (e.g. the token and TLS flags).
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Launch(
       int workers, const std::string& worker_binary,
-      absl::Duration timeout = absl::Seconds(30));
+      absl::Duration timeout = absl::Seconds(30),
+      const std::vector<std::string>& extra_args = {});
   ~LocalCluster();
 
   const std::vector<Worker>& workers() const { return workers_; }

@@ -84,6 +84,16 @@ ABSL_FLAG(int, microbatches, 0,
 ABSL_FLAG(bool, sweep, false,
           "simulate: also print step time against K = 2, 4, 8, 16 for e2e, "
           "1-, 2- and 3-way");
+ABSL_FLAG(std::string, token_file, "",
+          "cluster: file holding the shared bearer token sent on every call "
+          "to the workers (a local cluster's workers require it)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "cluster: PEM client certificate for mutual TLS (a local cluster's "
+          "workers serve with it)");
+ABSL_FLAG(std::string, tls_key, "", "cluster: PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "cluster: PEM CA the workers' certificates are checked against "
+          "(turns TLS on)");
 
 namespace {
 
@@ -96,7 +106,8 @@ constexpr char kUsage[] =
     "[--threads-per-block T] [--schedule sequential|threaded] [--out DIR] "
     "[--dump-params] [--engine inprocess|cluster] [--workers A,B,...] "
     "[--metrics-port P] [--budget T] [--budget-virtual T] "
-    "[--link-latency T] [--link-bandwidth B]\n"
+    "[--link-latency T] [--link-bandwidth B] [--token-file F] "
+    "[--tls-cert F --tls-key F] [--tls-ca F]\n"
     "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
     "[--budget-virtual T | --budget T | --steps N] --out DIR "
     "[--engine inprocess|cluster] [--seed S] [--threads-per-block T]\n"
@@ -166,6 +177,14 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
       return Fail("--workers needs --engine cluster", 2);
     }
     options.workers = absl::StrSplit(workers, ',', absl::SkipEmpty());
+  }
+  options.security.token_file = absl::GetFlag(FLAGS_token_file);
+  options.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  if (!options.security.empty() &&
+      options.engine != interlock::EngineKind::kCluster) {
+    return Fail("--token-file and --tls-* need --engine cluster", 2);
   }
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
@@ -320,8 +339,7 @@ int RunSimulate() {
 int main(int argc, char** argv) {
   interlock::TuneAllocator();
   absl::SetProgramUsageMessage(kUsage);
-  // Accept --dump-params as well as --dump_params: hyphens are the usual CLI
-  // spelling, Abseil flag names use underscores.
+  // Accept --dump-params as well as --dump_params.
   std::vector<std::string> storage(argv, argv + argc);
   std::vector<std::string> typed;
   for (const auto& a : storage) {

@@ -70,6 +70,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
                               .Name("interlock_coordinator_eval_loss")
                               .Help("Test loss of each head at evaluation")
                               .Register(r);
+  m->skipped_family_ =
+      &prometheus::BuildCounter()
+           .Name("interlock_coordinator_skipped_steps_total")
+           .Help("Steps whose update a block skipped for non-finite values")
+           .Register(r);
   auto exposer = HttpExposer::Start(host, port, m->registry_);
   if (!exposer.ok()) return exposer.status();
   m->exposer_ = std::move(*exposer);
@@ -109,6 +114,18 @@ void CoordinatorMetrics::OnStepTimes(double wall_step_seconds,
   for (size_t k = 0; k < busy_ratio.size(); ++k) {
     PerBlock(busy_family_, busy_, static_cast<int>(k)).Set(busy_ratio[k]);
   }
+}
+
+void CoordinatorMetrics::OnSkippedStep(int block) {
+  auto it = skipped_.find(block);
+  if (it == skipped_.end()) {
+    it = skipped_
+             .emplace(block,
+                      &skipped_family_->Add(
+                          {{"block", std::to_string(block)}, {"mode", mode_}}))
+             .first;
+  }
+  it->second->Increment();
 }
 
 void CoordinatorMetrics::OnEval(int block, double accuracy, double loss) {

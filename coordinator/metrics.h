@@ -32,6 +32,8 @@ class CoordinatorMetrics {
   void OnStepTimes(double wall_step_seconds, double virtual_seconds,
                    double virtual_step_seconds,
                    const std::vector<double>& busy_ratio);
+  prometheus::Family<prometheus::Counter>* skipped_family_ = nullptr;
+  std::map<int, prometheus::Counter*> skipped_;
 
  private:
   CoordinatorMetrics() = default;
@@ -54,6 +56,8 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>* accuracy_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* eval_loss_family_ = nullptr;
   std::map<int, prometheus::Gauge*> loss_, accuracy_, eval_loss_, busy_;
+  prometheus::Family<prometheus::Counter>* skipped_family_ = nullptr;
+  std::map<int, prometheus::Counter*> skipped_;
 };
 
 }  // namespace interlock

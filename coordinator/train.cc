@@ -100,6 +100,7 @@ class Runner {
     progress_ = &progress;
     start_ = Clock::now();
     steps_done_.assign(k_, 0);
+    skipped_.assign(k_, 0);
     // Micro-batches in flight. A completion comes back only after the
     // micro-batch went down the whole chain and its reports came up again,
     // so keeping K blocks busy in 1-way and n-way needs about 2K of them;
@@ -163,6 +164,7 @@ class Runner {
     result.steps = total;
     result.wall_seconds = TrainElapsed();
     result.final_losses = last_losses_;
+    result.skipped_steps = skipped_;
     progress.Finish();
     RETURN_IF_ERROR(EvaluateAt(total));
     result.eval = evals_.back().heads;
@@ -279,6 +281,10 @@ class Runner {
         return absl::InternalError("step report from an unknown block");
       }
       ++steps_done_[d->block];
+      if (d->skipped) {
+        ++skipped_[d->block];
+        if (metrics_out_) metrics_out_->OnSkippedStep(d->block);
+      }
       clock_->SetOptimizer(d->step, d->block, d->timing.seconds);
       clock_->Advance();
       EmitReady();
@@ -443,6 +449,8 @@ class Runner {
        << ",\n  \"microbatches\": " << t.microbatches()
        << ",\n  \"batch_size\": " << t.batch_size()
        << ",\n  \"seed\": " << t.seed() << ",\n  \"steps\": " << r.steps
+       << ",\n  \"skipped_steps\": [" << absl::StrJoin(r.skipped_steps, ", ")
+       << "]"
        << ",\n  \"wall_seconds\": " << JsonNumber(r.wall_seconds)
        << ",\n  \"virtual_seconds\": " << JsonNumber(r.virtual_seconds)
        << ",\n  \"mean_step_seconds\": {\"wall\": "
@@ -515,6 +523,7 @@ class Runner {
   std::map<int64_t, StepAgg> steps_;
   std::map<int64_t, double> lrs_;
   std::vector<int64_t> steps_done_;
+  std::vector<int64_t> skipped_;
   std::vector<double> last_losses_;
 };
 
@@ -541,12 +550,16 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
     ClusterOptions co;
     co.workers = options.workers;
     co.connect_timeout = options.connect_timeout;
+    ASSIGN_OR_RETURN(co.security, LoadTransportSecurity(options.security,
+                                                        /*server=*/false));
     if (co.workers.empty()) {
       ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
-      ASSIGN_OR_RETURN(local,
-                       LocalCluster::Launch(k, options.worker_binary.empty()
-                                                   ? DefaultWorkerBinary()
-                                                   : options.worker_binary));
+      ASSIGN_OR_RETURN(
+          local, LocalCluster::Launch(
+                     k,
+                     options.worker_binary.empty() ? DefaultWorkerBinary()
+                                                   : options.worker_binary,
+                     absl::Seconds(30), SecurityFlags(options.security)));
       if (options.on_cluster) options.on_cluster(local.get());
       co.workers = local->addresses();
     }

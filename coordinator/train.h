@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "coordinator/virtual_clock.h"
 #include "proto/config.pb.h"
+#include "rpc/security.h"
 
 namespace interlock {
 
@@ -41,6 +42,9 @@ struct TrainOptions {
   int metrics_port = -1;
   // Cluster: how long to wait for a worker to be reachable.
   absl::Duration connect_timeout = absl::Seconds(30);
+  // Cluster: bearer token and TLS files for the coordinator's calls; a local
+  // cluster's workers get the same files.
+  SecurityFiles security;
   std::string metrics_host = "0.0.0.0";
   // Micro-batches in flight between the coordinator and the chain; 0: 2KM.
   int window = 0;
@@ -92,6 +96,8 @@ struct TrainResult {
   std::string digest;                     // over all of them
   std::string params_json;                // one JSON line per tensor
   std::vector<double> final_losses;       // last step, per block (NaN: none)
+  // Per block: steps whose update it skipped (training.nonfinite_policy).
+  std::vector<int64_t> skipped_steps;
 };
 
 // Loads the data, builds the in-process engine and trains.

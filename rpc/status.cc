@@ -1,6 +1,7 @@
 #include "rpc/status.h"
 
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #include <algorithm>
 #include <limits>
@@ -37,10 +38,42 @@ void PinCallbackQueue() {
   });
 }
 
+// Adds the bearer token to the initial metadata of every call.
+class BearerInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string* value) : value_(value) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (m->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                PRE_SEND_INITIAL_METADATA)) {
+      m->GetSendInitialMetadata()->emplace(kAuthorizationKey, *value_);
+    }
+    m->Proceed();
+  }
+
+ private:
+  const std::string* value_;
+};
+
+class BearerInterceptorFactory
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(const std::string& token)
+      : value_(BearerValue(token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* info) override {
+    return new BearerInterceptor(&value_);
+  }
+
+ private:
+  const std::string value_;  // lives as long as the channel
+};
+
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           int64_t max_message_bytes) {
+                                           int64_t max_message_bytes,
+                                           const TransportSecurity& security) {
   PinCallbackQueue();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(ClampBytes(max_message_bytes));
@@ -55,8 +88,15 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   // Distinct channels per peer even for the same address (no sharing of
   // subchannels between the coordinator's control and stream traffic).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+      interceptors;
+  if (!security.token.empty()) {
+    interceptors.push_back(
+        std::make_unique<BearerInterceptorFactory>(security.token));
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, ChannelCredentialsFor(security), args, std::move(interceptors));
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder& builder,

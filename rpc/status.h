@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "rpc/security.h"
 
 namespace interlock {
 
@@ -31,11 +32,15 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s) {
 constexpr int kKeepaliveTimeMs = 2000;
 constexpr int kKeepaliveTimeoutMs = 3000;
 
-// A channel to one peer with explicit message limits and keepalive.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           int64_t max_message_bytes);
+// A channel to one peer with explicit message limits and keepalive, TLS when
+// `security` has certificates, and the bearer token on every call when it
+// has one.
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address, int64_t max_message_bytes,
+    const TransportSecurity& security = {});
 
-// Server-side limits and keepalive policy.
+// Server-side limits and keepalive policy. A compressed message is held to
+// the same limit once inflated.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder,
                             int64_t max_message_bytes);
 

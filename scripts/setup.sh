@@ -20,8 +20,11 @@ PACKAGES=(
 # dashboard tests, buildah and debootstrap for the container image, openssl.
 # kubectl (with kustomize) and Node.js/npm are added below when missing.
 OPS_PACKAGES=(prometheus buildah debootstrap openssl ca-certificates)
+# Tests make TLS certificates with the openssl CLI (above); `make fuzz` builds
+# with clang 14 and its libFuzzer/sanitizer runtimes.
+FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev)
 if ((BUILD_ONLY == 0)); then
-  PACKAGES+=("${OPS_PACKAGES[@]}")
+  PACKAGES+=("${OPS_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}")
   if ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
 fi
 

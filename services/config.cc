@@ -3,6 +3,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -106,6 +107,12 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   if (t.threads_per_block() < 0 || t.threads_per_block() > 256) {
     return absl::InvalidArgumentError(
         "training.threads_per_block: must be in 1..256");
+  }
+  for (float v : c.data().inline_inputs()) {
+    if (!std::isfinite(v)) {
+      return absl::InvalidArgumentError(
+          "data.inline_inputs: NaN and infinite values are not data");
+    }
   }
   if (c.schedule().lr() < 0) {
     return absl::InvalidArgumentError("schedule.lr: must not be negative");

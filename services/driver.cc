@@ -4,6 +4,14 @@
 #include "services/status_macros.h"
 
 namespace interlock {
+namespace {
+
+// Trainer errors name the block and micro-batch; the driver adds the step.
+absl::Status AtStep(int64_t step, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+}
+
+}  // namespace
 
 BlockDriver::BlockDriver(std::unique_ptr<BlockTrainer> trainer,
                          Callbacks callbacks, int64_t first_step)
@@ -42,9 +50,15 @@ absl::Status BlockDriver::OnUpward(UpwardMsg msg) {
   const int d = trainer_->DownstreamListSize();
   // Check the whole message before anything changes.
   if (st.backward_done && !msg.grads.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block ", k, ": step ", msg.step, " micro-batch ", msg.mb,
-        ": gradient entries from below after its backward pass"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", k, ": step ", msg.step, " micro-batch ", msg.mb,
+                     ": gradient entries from below after its backward pass"));
+  }
+  if (!msg.nonfinite.empty() && msg.nonfinite.size() != msg.grads.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", k, ": step ", msg.step, " micro-batch ", msg.mb,
+                     ": ", msg.nonfinite.size(), " non-finite marks for ",
+                     msg.grads.size(), " gradients from below"));
   }
   for (size_t i = 0; i < msg.grads.size(); ++i) {
     const int j = msg.first_entry + static_cast<int>(i);
@@ -65,10 +79,12 @@ absl::Status BlockDriver::OnUpward(UpwardMsg msg) {
   for (size_t i = 0; i < msg.grads.size(); ++i) {
     const int j = msg.first_entry + static_cast<int>(i);
     st.down[j] = std::move(msg.grads[i]);
+    st.down_nonfinite[j] = !msg.nonfinite.empty() && msg.nonfinite[i];
     ++st.down_count;
     // Downstream entry j is list entry j + 1: its upstream entry can go now.
     if (trainer_->IsEarlyEntry(j + 1)) {
-      RETURN_IF_ERROR(SendEntry(msg.step, msg.mb, j + 1, st, st.down[j]));
+      RETURN_IF_ERROR(SendEntry(msg.step, msg.mb, j + 1, st, st.down[j],
+                                st.down_nonfinite[j]));
     }
   }
   if (msg.final) {
@@ -107,11 +123,16 @@ absl::Status BlockDriver::Drain() {
       }
     }
     if (backwarded_ == m_) {
-      ASSIGN_OR_RETURN(OpTiming t, trainer_->Step(lr_));
+      auto stepped = trainer_->Step(lr_);
+      if (!stepped.ok()) return AtStep(step_, stepped.status());
+      const OpTiming t = *stepped;
       const int64_t done = step_;
       ++step_;
       forwarded_ = backwarded_ = 0;
-      if (cb_.step_done) cb_.step_done({trainer_->options().block, done, t});
+      if (cb_.step_done) {
+        cb_.step_done({trainer_->options().block, done, t,
+                       trainer_->last_step_skipped()});
+      }
       progress = true;
     }
   }
@@ -120,10 +141,13 @@ absl::Status BlockDriver::Drain() {
 
 absl::Status BlockDriver::RunForward(ForwardMsg msg) {
   lr_ = msg.lr;
-  ASSIGN_OR_RETURN(ForwardResult r,
-                   trainer_->Forward(msg.mb, msg.input, msg.target));
+  auto forwarded =
+      trainer_->Forward(msg.mb, msg.input, msg.target, msg.nonfinite);
+  if (!forwarded.ok()) return AtStep(msg.step, forwarded.status());
+  ForwardResult r = *std::move(forwarded);
   MbState& st = states_[{msg.step, msg.mb}];
   st.down.resize(trainer_->DownstreamListSize());
+  st.down_nonfinite.assign(trainer_->DownstreamListSize(), false);
   st.reports = std::move(r.reports);
   st.timings = std::move(r.timings);
   ++forwarded_;
@@ -134,6 +158,7 @@ absl::Status BlockDriver::RunForward(ForwardMsg msg) {
     down.lr = msg.lr;
     down.input = std::move(r.output);
     down.target = std::move(msg.target);
+    down.nonfinite = r.output_nonfinite;
     cb_.send_down(std::move(down));
   }
   // The block's own gradient is entry 0: upstream may have it at once.
@@ -145,33 +170,41 @@ absl::Status BlockDriver::RunForward(ForwardMsg msg) {
 }
 
 absl::Status BlockDriver::SendEntry(int64_t step, int mb, int i, MbState& st,
-                                    const torch::Tensor& entry) {
-  ASSIGN_OR_RETURN(EntryResult r, trainer_->Entry(mb, i, entry));
-  st.timings.push_back(r.timing);
-  SendGradient(step, mb, i, std::move(r.grad));
+                                    const torch::Tensor& entry,
+                                    bool entry_nonfinite) {
+  auto entry_result = trainer_->Entry(mb, i, entry, entry_nonfinite);
+  if (!entry_result.ok()) return AtStep(step, entry_result.status());
+  st.timings.push_back(entry_result->timing);
+  SendGradient(step, mb, i, std::move(entry_result->grad),
+               entry_result->nonfinite);
   return absl::OkStatus();
 }
 
-void BlockDriver::SendGradient(int64_t step, int mb, int i,
-                               torch::Tensor grad) {
+void BlockDriver::SendGradient(int64_t step, int mb, int i, torch::Tensor grad,
+                               bool nonfinite) {
   UpwardMsg up;
   up.step = step;
   up.mb = mb;
   up.first_entry = i;
   up.final = false;
   up.grads.push_back(std::move(grad));
+  // Marks travel only when set, so the usual message is unchanged.
+  if (nonfinite) up.nonfinite.push_back(true);
   cb_.send_up(std::move(up));
 }
 
 absl::Status BlockDriver::RunBackward(int mb) {
   MbState& st = states_[{step_, mb}];
-  ASSIGN_OR_RETURN(BackwardResult r,
-                   trainer_->Backward(mb, std::move(st.down)));
+  auto backward = trainer_->Backward(mb, std::move(st.down), st.down_nonfinite);
+  if (!backward.ok()) return AtStep(step_, backward.status());
+  BackwardResult r = *std::move(backward);
   st.down.clear();
+  st.down_nonfinite.clear();
   st.backward_done = true;
   for (auto& t : r.timings) st.timings.push_back(t);
   if (r.shared.defined()) {
-    SendGradient(step_, mb, trainer_->SharedEntry(), std::move(r.shared));
+    SendGradient(step_, mb, trainer_->SharedEntry(), std::move(r.shared),
+                 r.shared_nonfinite);
   }
   ++backwarded_;
   MaybeSendUp(mb, step_);

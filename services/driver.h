@@ -24,6 +24,8 @@ struct ForwardMsg {
   double lr = 0.0;
   torch::Tensor input;
   torch::Tensor target;
+  // The input is zeros standing for non-finite values (SKIP_STEP).
+  bool nonfinite = false;
 };
 
 // Gradients, reports and timings travelling up the chain. Gradient entries
@@ -37,6 +39,9 @@ struct UpwardMsg {
   int first_entry = 0;
   bool final = true;
   std::vector<torch::Tensor> grads;
+  // Parallel to grads (or empty): entries sent as zeros because they were
+  // derived from non-finite values (training.nonfinite_policy SKIP_STEP).
+  std::vector<bool> nonfinite;
   std::vector<LossReport> reports;
   std::vector<OpTiming> timings;
 };
@@ -45,6 +50,7 @@ struct StepDone {
   int block = 0;
   int64_t step = 0;
   OpTiming timing;
+  bool skipped = false;  // the update was skipped (non-finite values)
 };
 
 class BlockDriver {
@@ -72,6 +78,7 @@ class BlockDriver {
     bool backward_done = false;
     bool below_seen = false;          // the final upward message from block k+1
     std::vector<torch::Tensor> down;  // the downstream list, as it arrives
+    std::vector<bool> down_nonfinite;  // its entries' non-finite marks
     int down_count = 0;
     std::vector<LossReport> reports;
     std::vector<OpTiming> timings;
@@ -82,8 +89,10 @@ class BlockDriver {
   absl::Status RunBackward(int mb);
   // Runs the input-gradient pass of early upstream entry i and sends it.
   absl::Status SendEntry(int64_t step, int mb, int i, MbState& st,
-                         const torch::Tensor& entry);
-  void SendGradient(int64_t step, int mb, int i, torch::Tensor grad);
+                         const torch::Tensor& entry,
+                         bool entry_nonfinite = false);
+  void SendGradient(int64_t step, int mb, int i, torch::Tensor grad,
+                    bool nonfinite);
   void MaybeSendUp(int mb, int64_t step);
 
   std::unique_ptr<BlockTrainer> trainer_;

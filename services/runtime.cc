@@ -6,6 +6,19 @@
 
 namespace interlock {
 
+std::vector<char*> UnderscoreFlagNames(std::vector<std::string>& args) {
+  std::vector<char*> out;
+  for (auto& a : args) {
+    if (a.rfind("--", 0) == 0) {
+      for (size_t i = 2; i < a.size() && a[i] != '='; ++i) {
+        if (a[i] == '-') a[i] = '_';
+      }
+    }
+    out.push_back(a.data());
+  }
+  return out;
+}
+
 void ConfigureThreads(int threads) {
   if (threads < 1) threads = 1;
   at::set_num_threads(threads);

@@ -2,6 +2,9 @@
 #ifndef INTERLOCK_SERVICES_RUNTIME_H_
 #define INTERLOCK_SERVICES_RUNTIME_H_
 
+#include <string>
+#include <vector>
+
 namespace interlock {
 
 // Limits LibTorch's intra-op pool and OpenBLAS's own pool to `threads` for
@@ -13,6 +16,11 @@ void ConfigureThreads(int threads);
 // kernel: otherwise activations and gradients are page-faulted in anew every
 // step, which measured 50-70% of a small ResNet's step time (BENCHMARKS.md).
 void TuneAllocator();
+
+// Command-line flags may be spelled with hyphens (--token-file) as well as
+// with Abseil's underscores: rewrites the names (not the values) in `args`
+// (a copy of argv) and returns argv-style pointers into it.
+std::vector<char*> UnderscoreFlagNames(std::vector<std::string>& args);
 
 }  // namespace interlock
 

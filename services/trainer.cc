@@ -1,6 +1,8 @@
 #include "services/trainer.h"
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "services/status_macros.h"
@@ -78,6 +80,8 @@ TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
   o.sum_rule = t.rule() == interlock::v1::TrainingSpec::SUM;
   o.microbatches = t.microbatches() > 0 ? t.microbatches() : 1;
   o.test_loss_scale = FinalLossOf(config.model()).test_loss_scale;
+  o.skip_nonfinite =
+      t.nonfinite_policy() == interlock::v1::TrainingSpec::SKIP_STEP;
   return o;
 }
 
@@ -116,6 +120,33 @@ absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::FromModules(
   return t;
 }
 
+bool AllFinite(const torch::Tensor& t) {
+  return !t.defined() || !t.is_floating_point() || t.numel() == 0 ||
+         torch::isfinite(t).all().item<bool>();
+}
+
+absl::Status BlockTrainer::OnNonFinite(const std::string& what) {
+  ++nonfinite_count_;
+  if (!options_.skip_nonfinite) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block ", options_.block, ": ", what,
+                     " (training.nonfinite_policy is STOP)"));
+  }
+  skip_step_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> BlockTrainer::CheckUpstream(int mb, int i, bool marked,
+                                                 torch::Tensor& grad) {
+  if (!marked && AllFinite(grad)) return false;
+  if (!marked) {
+    RETURN_IF_ERROR(OnNonFinite(absl::StrCat(
+        "micro-batch ", mb, ": upstream gradient ", i, " is not finite")));
+  }
+  grad = torch::zeros_like(grad);
+  return true;
+}
+
 int BlockTrainer::DownstreamListSize() const {
   if (is_last()) return 0;
   if (options_.e2e) return 1;
@@ -140,7 +171,8 @@ int BlockTrainer::SharedEntry() const {
 }
 
 absl::StatusOr<EntryResult> BlockTrainer::Entry(int mb, int i,
-                                                const torch::Tensor& entry) {
+                                                const torch::Tensor& entry,
+                                                bool entry_nonfinite) {
   auto it = pending_.find(mb);
   if (it == pending_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -151,8 +183,10 @@ absl::StatusOr<EntryResult> BlockTrainer::Entry(int mb, int i,
         "block ", options_.block, ": upstream entry ", i, " is not early"));
   }
   const Pending& p = it->second;
-  const torch::Tensor& g =
-      (i == 0 && p.own_grad.defined()) ? p.own_grad : entry;
+  const bool own = i == 0 && p.own_grad.defined();
+  const torch::Tensor& g = own ? p.own_grad : entry;
+  const bool marked =
+      p.input_nonfinite || (own ? p.own_nonfinite : entry_nonfinite);
   if (!g.defined() || g.sizes() != p.output.sizes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block ", options_.block, ": gradient shape ",
@@ -164,13 +198,16 @@ absl::StatusOr<EntryResult> BlockTrainer::Entry(int mb, int i,
     EntryResult r;
     r.grad = torch::autograd::grad({p.output}, {p.input}, {g},
                                    /*retain_graph=*/true)[0];
+    ASSIGN_OR_RETURN(r.nonfinite, CheckUpstream(mb, i, marked, r.grad));
     r.timing = {options_.block, Phase::kInputGrad, SecondsSince(t0)};
     return r;
   });
 }
 
-absl::StatusOr<ForwardResult> BlockTrainer::Forward(
-    int mb, const torch::Tensor& input, const torch::Tensor& target) {
+absl::StatusOr<ForwardResult> BlockTrainer::Forward(int mb,
+                                                    const torch::Tensor& input,
+                                                    const torch::Tensor& target,
+                                                    bool input_nonfinite) {
   if (pending_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "block ", options_.block, ": micro-batch ", mb, " already forwarded"));
@@ -183,6 +220,14 @@ absl::StatusOr<ForwardResult> BlockTrainer::Forward(
         UpstreamListSize() > 0 ? input.detach().requires_grad_(true) : input;
     p.output = modules_.block->forward(p.input);
     r.timings.push_back({options_.block, Phase::kForward, SecondsSince(t0)});
+    p.input_nonfinite = input_nonfinite;
+    if (input_nonfinite) skip_step_ = true;
+    r.output_nonfinite = input_nonfinite;
+    if (!input_nonfinite && !AllFinite(p.output)) {
+      RETURN_IF_ERROR(OnNonFinite(
+          absl::StrCat("micro-batch ", mb, ": output is not finite")));
+      r.output_nonfinite = true;
+    }
 
     // The head (or the model's loss) sees the output detached: its update
     // never reaches the block directly, only through the gradient list.
@@ -202,19 +247,36 @@ absl::StatusOr<ForwardResult> BlockTrainer::Forward(
       LossReport rep;
       rep.block = options_.block;
       rep.loss = raw.item<double>();
+      if (r.output_nonfinite) {
+        // Computed from values standing for NaN or infinities: no loss.
+        rep.loss = std::numeric_limits<double>::quiet_NaN();
+        p.own_grad = torch::zeros_like(p.own_grad);
+        p.own_nonfinite = true;
+      } else if (!std::isfinite(rep.loss) || !AllFinite(p.own_grad)) {
+        RETURN_IF_ERROR(OnNonFinite(
+            absl::StrCat("micro-batch ", mb, ": loss is ", rep.loss)));
+        // The head's gradients are dropped with the skipped step; the block
+        // and the blocks above get zeros marked non-finite.
+        p.own_grad = torch::zeros_like(p.own_grad);
+        p.own_nonfinite = true;
+      }
       rep.correct = Hits(logits.detach(), target);
       rep.count = target.numel();
       r.reports.push_back(rep);
       r.timings.push_back({options_.block, Phase::kHead, SecondsSince(t0)});
     }
-    if (!is_last()) r.output = p.output.detach();
+    if (!is_last()) {
+      r.output =
+          r.output_nonfinite ? torch::zeros_like(p.output) : p.output.detach();
+    }
     pending_.emplace(mb, std::move(p));
     return r;
   });
 }
 
 absl::StatusOr<BackwardResult> BlockTrainer::Backward(
-    int mb, std::vector<torch::Tensor> downstream) {
+    int mb, std::vector<torch::Tensor> downstream,
+    const std::vector<bool>& downstream_nonfinite) {
   auto it = pending_.find(mb);
   if (it == pending_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -224,6 +286,12 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
     return absl::InvalidArgumentError(absl::StrCat(
         "block ", options_.block, ": expected ", DownstreamListSize(),
         " downstream gradients, got ", downstream.size()));
+  }
+  if (!downstream_nonfinite.empty() &&
+      downstream_nonfinite.size() != downstream.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block ", options_.block, ": ", downstream_nonfinite.size(),
+        " non-finite marks for ", downstream.size(), " gradients"));
   }
   Pending p = std::move(it->second);
   pending_.erase(it);
@@ -240,10 +308,22 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
     auto t0 = Clock::now();
     // The list of gradients w.r.t. this block's output, nearest loss first.
     std::vector<torch::Tensor> list;
-    if (p.own_grad.defined()) list.push_back(p.own_grad);
-    for (auto& g : downstream) list.push_back(std::move(g));
+    std::vector<bool> bad;  // entries standing for non-finite values
+    if (p.own_grad.defined()) {
+      list.push_back(p.own_grad);
+      bad.push_back(p.own_nonfinite);
+    }
+    for (size_t i = 0; i < downstream.size(); ++i) {
+      list.push_back(std::move(downstream[i]));
+      bad.push_back(!downstream_nonfinite.empty() && downstream_nonfinite[i]);
+    }
+    if (p.input_nonfinite) bad.assign(bad.size(), true);
 
     const int last = static_cast<int>(list.size()) - 1;
+    // FURTHEST trains theta with the last entry, SUM with all of them.
+    for (int i = options_.sum_rule ? 0 : last; i <= last; ++i) {
+      if (bad[i]) skip_step_ = true;
+    }
     torch::Tensor theta_grad = list[last];
     if (options_.sum_rule) {
       for (int i = last - 1; i >= 0; --i) theta_grad = theta_grad + list[i];
@@ -258,7 +338,12 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
                                 /*retain_graph=*/false,
                                 /*create_graph=*/false, inputs);
     }
-    if (with_input) r.shared = p.input.grad().detach();
+    if (with_input) {
+      r.shared = p.input.grad().detach();
+      ASSIGN_OR_RETURN(
+          r.shared_nonfinite,
+          CheckUpstream(mb, SharedEntry(), bad[SharedEntry()], r.shared));
+    }
     r.timings.push_back({options_.block, Phase::kBackward, SecondsSince(t0)});
     return r;
   });
@@ -272,14 +357,31 @@ absl::StatusOr<OpTiming> BlockTrainer::Step(double lr) {
   }
   return Guard("optimizer", [&]() -> absl::StatusOr<OpTiming> {
     auto t0 = Clock::now();
-    optimizer_->Step(lr);
+    if (!skip_step_) {
+      // Finite losses can still overflow in a backward pass.
+      for (const auto* part : {&modules_.block, &modules_.head}) {
+        if (!*part) continue;
+        for (const auto& kv : (*part)->named_parameters()) {
+          if (AllFinite(kv.value().grad())) continue;
+          RETURN_IF_ERROR(OnNonFinite(absl::StrCat(
+              "gradient of ", part == &modules_.block ? "block." : "head.",
+              kv.key(), " is not finite")));
+          break;
+        }
+        if (skip_step_) break;
+      }
+    }
+    last_step_skipped_ = skip_step_;
+    skip_step_ = false;
+    if (!last_step_skipped_) optimizer_->Step(lr);
     optimizer_->ZeroGrad();
     return OpTiming{options_.block, Phase::kOptimizer, SecondsSince(t0)};
   });
 }
 
 absl::StatusOr<EvalResult> BlockTrainer::Evaluate(const torch::Tensor& input,
-                                                  const torch::Tensor& target) {
+                                                  const torch::Tensor& target,
+                                                  bool input_nonfinite) {
   return Guard("evaluate", [&]() -> absl::StatusOr<EvalResult> {
     torch::NoGradGuard no_grad;
     modules_.block->eval();
@@ -303,10 +405,13 @@ absl::StatusOr<EvalResult> BlockTrainer::Evaluate(const torch::Tensor& input,
                        torch::kSum))
                    .item<double>();
       }
+      if (input_nonfinite) loss = std::numeric_limits<double>::quiet_NaN();
       r.loss.push_back(loss);
-      r.correct.push_back(Hits(logits, target));
+      r.correct.push_back(input_nonfinite ? 0 : Hits(logits, target));
     }
     r.count = target.numel();
+    r.output_nonfinite = input_nonfinite || !AllFinite(r.output);
+    if (r.output_nonfinite) r.output = torch::zeros_like(r.output);
     modules_.block->train();
     if (modules_.head) modules_.head->train();
     return r;

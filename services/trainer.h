@@ -29,6 +29,8 @@ struct TrainerOptions {
   bool sum_rule = false;
   int microbatches = 1;  // M: losses are scaled by 1/M
   float test_loss_scale = 0.0f;
+  // training.nonfinite_policy SKIP_STEP (else STOP).
+  bool skip_nonfinite = false;
 };
 
 TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
@@ -55,6 +57,8 @@ struct OpTiming {
 
 struct ForwardResult {
   torch::Tensor output;  // detached; empty for the last block
+  // The output is zeros standing for non-finite values (SKIP_STEP).
+  bool output_nonfinite = false;
   std::vector<LossReport> reports;
   std::vector<OpTiming> timings;
 };
@@ -63,12 +67,14 @@ struct BackwardResult {
   // The upstream entry computed by the parameter pass (SharedEntry()), if
   // any: the gradient with respect to this block's input.
   torch::Tensor shared;
+  bool shared_nonfinite = false;  // zeros standing for non-finite values
   std::vector<OpTiming> timings;
 };
 
 // One entry of the upstream list: dL[k+i]/da[k-1] for list index i.
 struct EntryResult {
   torch::Tensor grad;
+  bool nonfinite = false;  // zeros standing for non-finite values
   OpTiming timing;
 };
 
@@ -78,6 +84,7 @@ struct EvalResult {
   std::vector<double> loss;  // summed (not mean) loss per head of this block
   std::vector<int64_t> correct;
   int64_t count = 0;
+  bool output_nonfinite = false;  // output is zeros standing for NaN/inf
 };
 
 class BlockTrainer {
@@ -115,26 +122,47 @@ class BlockTrainer {
   // Forward of micro-batch `mb`: runs the block, keeps its graph, and runs
   // the auxiliary head (forward and backward, on the detached output) or, for
   // the last block, the final loss.
+  //
+  // Non-finite values (training.nonfinite_policy): a block checks its
+  // output, its loss, every gradient it sends upstream and its accumulated
+  // gradients. STOP returns an error naming the value. SKIP_STEP replaces
+  // the value by zeros marked non-finite (what is derived from a marked value
+  // is marked too) and skips this step's update of every block the value
+  // would have trained. `input_nonfinite` and `entry_nonfinite` are such
+  // marks received from the neighbours.
   absl::StatusOr<ForwardResult> Forward(int mb, const torch::Tensor& input,
-                                        const torch::Tensor& target);
+                                        const torch::Tensor& target,
+                                        bool input_nonfinite = false);
   // Input gradient of early upstream entry i of micro-batch `mb`; `entry` is
   // list entry i (ignored for i = 0 when it is the block's own gradient).
   // Must run before Backward() of the micro-batch, which frees its graph.
-  absl::StatusOr<EntryResult> Entry(int mb, int i, const torch::Tensor& entry);
+  absl::StatusOr<EntryResult> Entry(int mb, int i, const torch::Tensor& entry,
+                                    bool entry_nonfinite = false);
   // Parameter backward of micro-batch `mb` given the next block's gradient
-  // list (`DownstreamListSize()` entries; empty when !NeedsDownstream()).
+  // list (`DownstreamListSize()` entries; empty when !NeedsDownstream()) and
+  // which of its entries are marked non-finite (empty: none).
   // Accumulates parameter gradients and frees the micro-batch's graph.
   absl::StatusOr<BackwardResult> Backward(
-      int mb, std::vector<torch::Tensor> downstream);
-  // Applies the accumulated gradients with this learning rate, zeroes them.
+      int mb, std::vector<torch::Tensor> downstream,
+      const std::vector<bool>& downstream_nonfinite = {});
+  // Applies the accumulated gradients with this learning rate, zeroes them;
+  // under SKIP_STEP a step that met non-finite values only drops them.
   absl::StatusOr<OpTiming> Step(double lr);
+  // Whether the last Step skipped the update.
+  bool last_step_skipped() const { return last_step_skipped_; }
+  // Non-finite losses and gradients met so far (the policy's counter).
+  int64_t nonfinite_count() const { return nonfinite_count_; }
   // Micro-batches forwarded but not yet backwarded.
   size_t pending() const { return pending_.size(); }
 
   // Forward-only evaluation (eval mode, no graph): the block's output and its
   // head's (or, for the last block, the model's) loss and hits.
+  // A non-finite output is passed on as zeros marked `output_nonfinite`,
+  // and a marked input gives NaN losses, so evaluation of a diverged model
+  // reports NaN on both engines instead of failing on the cluster.
   absl::StatusOr<EvalResult> Evaluate(const torch::Tensor& input,
-                                      const torch::Tensor& target);
+                                      const torch::Tensor& target,
+                                      bool input_nonfinite = false);
 
   // Parameters (and buffers) by name: "block.<name>" and "head.<name>".
   std::vector<std::pair<std::string, torch::Tensor>> NamedState() const;
@@ -148,14 +176,30 @@ class BlockTrainer {
     torch::Tensor input;     // leaf requiring grad when gradients go upstream
     torch::Tensor output;    // graph root
     torch::Tensor own_grad;  // dL[k]/da[k] (own head or final loss)
+    bool own_nonfinite = false;    // own_grad zeroed: the loss was not finite
+    bool input_nonfinite = false;  // nothing of it may train or go upstream
   };
+
+  // Applies training.nonfinite_policy to a non-finite value described by
+  // `what`: STOP returns the error; SKIP_STEP marks this step skipped.
+  absl::Status OnNonFinite(const std::string& what);
+  // An upstream gradient about to leave: zeros (and true) when it is marked
+  // or, under SKIP_STEP, not finite.
+  absl::StatusOr<bool> CheckUpstream(int mb, int i, bool marked,
+                                     torch::Tensor& grad);
 
   TrainerOptions options_;
   BlockModules modules_;
   std::vector<torch::Tensor> block_params_;
   std::unique_ptr<Optimizer> optimizer_;
   std::map<int, Pending> pending_;
+  bool skip_step_ = false;
+  bool last_step_skipped_ = false;
+  int64_t nonfinite_count_ = 0;
 };
+
+// Whether every value of a floating-point tensor is finite.
+bool AllFinite(const torch::Tensor& t);
 
 // Cross-entropy over the last dimension (any leading shape), mean reduction.
 torch::Tensor CrossEntropy(const torch::Tensor& logits,

@@ -151,6 +151,7 @@ void EncodeUpward(const UpwardMsg& m, interlock::v1::UpwardData* out) {
   out->set_first_entry(m.first_entry);
   out->set_partial(!m.final);
   for (const auto& g : m.grads) EncodeTensor(g, out->add_gradients());
+  for (bool b : m.nonfinite) out->add_nonfinite(b);
   for (const auto& r : m.reports) {
     auto* p = out->add_reports();
     p->set_block(r.block);
@@ -187,6 +188,12 @@ absl::StatusOr<UpwardMsg> DecodeUpward(const interlock::v1::UpwardData& d,
                                   absl::StrCat("gradients[", i, "]"), limits));
     m.grads.push_back(std::move(g));
   }
+  if (d.nonfinite_size() != 0 && d.nonfinite_size() != d.gradients_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(d.nonfinite_size(), " non-finite marks for ",
+                     d.gradients_size(), " gradients"));
+  }
+  m.nonfinite.assign(d.nonfinite().begin(), d.nonfinite().end());
   for (const auto& r : d.reports()) {
     m.reports.push_back({r.block(), r.loss(), r.correct(), r.count()});
   }

@@ -22,8 +22,11 @@ namespace interlock {
 namespace {
 
 namespace v1 = interlock::v1;
+using interlock::testing::HealthStatus;
 using interlock::testing::HttpGet;
+using interlock::testing::MakeTempDir;
 using interlock::testing::MetricSum;
+using interlock::testing::ReadFile;
 using interlock::testing::StartWorker;
 using interlock::testing::StopWorker;
 using interlock::testing::WorkerProcess;
@@ -31,11 +34,6 @@ using interlock::testing::WorkerProcess;
 const std::string kWorker = INTERLOCK_WORKER;
 const std::string kCli = INTERLOCK_CLI;
 const std::string kSrc = INTERLOCK_SOURCE_DIR;
-
-std::string MakeTempDir(const std::string& tag) {
-  std::string tmpl = "/tmp/interlock-test-" + tag + "-XXXXXX";
-  return mkdtemp(tmpl.data());
-}
 
 v1::RunConfig Parse(const std::string& text) {
   auto c = ParseRunConfig(text, "test");
@@ -440,39 +438,8 @@ TEST_F(BadInputTest, EveryMalformedTensorIsRefusedAndWorkerKeepsServing) {
 TEST_F(BadInputTest, HealthIsServingOnlyOnceConfigured) {
   WorkerProcess fresh = StartWorker(kWorker, dir_, 9);
   auto status = [&](const WorkerProcess& w) {
-    // The health service's wire format: Check(HealthCheckRequest{service})
-    // returns HealthCheckResponse{status}; SERVING = 1, NOT_SERVING = 2.
-    auto channel =
-        grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials());
-    grpc::GenericStub generic(channel);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(10));
-    grpc::ByteBuffer request, response;
-    grpc::Slice empty("", 0);
-    request = grpc::ByteBuffer(&empty, 1);
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    grpc::Status result;
-    generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
-                      &request, &response, [&](grpc::Status s) {
-                        std::lock_guard<std::mutex> l(mu);
-                        result = s;
-                        done = true;
-                        cv.notify_all();
-                      });
-    std::unique_lock<std::mutex> l(mu);
-    cv.wait(l, [&] { return done; });
-    std::vector<grpc::Slice> slices;
-    std::string bytes;
-    if (result.ok() && response.Dump(&slices).ok()) {
-      for (auto& s : slices) {
-        bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-      }
-    }
-    // field 1, varint: 0x08 then the enum value.
-    return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
+    return HealthStatus(
+        grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials()));
   };
   EXPECT_EQ(status(fresh), 2);    // NOT_SERVING: nothing configured yet
   EXPECT_EQ(status(worker_), 1);  // SERVING: configured in SetUp
@@ -635,12 +602,6 @@ int WaitExit(pid_t pid, double seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return -1;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::stringstream ss;
-  ss << std::ifstream(path).rdbuf();
-  return ss.str();
 }
 
 TEST(ClusterFailure, KilledWorkerStopsTheRunNamingIt) {

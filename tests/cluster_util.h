@@ -3,6 +3,8 @@
 #define INTERLOCK_TESTS_CLUSTER_UTIL_H_
 
 #include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -11,13 +13,71 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace interlock::testing {
+
+inline std::string MakeTempDir(const std::string& tag) {
+  std::string tmpl = "/tmp/interlock-test-" + tag + "-XXXXXX";
+  return mkdtemp(tmpl.data());
+}
+
+inline std::string ReadFile(const std::string& path) {
+  std::stringstream ss;
+  ss << std::ifstream(path).rdbuf();
+  return ss.str();
+}
+
+// A unary call by method name with a raw (serialized) request; the reply's
+// bytes go to `reply`. Blocks until the call ends.
+inline grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
+                                 const std::string& method,
+                                 const std::string& request,
+                                 std::string* reply = nullptr) {
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(request);
+  grpc::ByteBuffer request_buffer(&slice, 1), response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status result;
+  generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request_buffer,
+                    &response, [&](grpc::Status s) {
+                      std::lock_guard<std::mutex> l(mu);
+                      result = s;
+                      done = true;
+                      cv.notify_all();
+                    });
+  std::unique_lock<std::mutex> l(mu);
+  cv.wait(l, [&] { return done; });
+  std::vector<grpc::Slice> slices;
+  if (reply && result.ok() && response.Dump(&slices).ok()) {
+    for (auto& s : slices) {
+      reply->append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  return result;
+}
+
+// grpc.health.v1.Health/Check of the whole server, with no token: 1 SERVING,
+// 2 NOT_SERVING, -1 when the call failed. The wire format:
+// HealthCheckResponse{status = 1}, field 1 as a varint.
+inline int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
+  std::string bytes;
+  if (!RawUnaryCall(channel, "/grpc.health.v1.Health/Check", "", &bytes).ok()) {
+    return -1;
+  }
+  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
+}
 
 // One interlock-worker process started by a test.
 struct WorkerProcess {
@@ -27,8 +87,10 @@ struct WorkerProcess {
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
 };
 
+// `extra` flags go to the worker after the standard ones.
 inline WorkerProcess StartWorker(const std::string& binary,
-                                 const std::string& dir, int index) {
+                                 const std::string& dir, int index,
+                                 const std::vector<std::string>& extra = {}) {
   WorkerProcess w;
   const std::string port_file = dir + "/w" + std::to_string(index) + ".port";
   const std::string log = dir + "/w" + std::to_string(index) + ".log";
@@ -41,8 +103,14 @@ inline WorkerProcess StartWorker(const std::string& binary,
     freopen(log.c_str(), "w", stderr);
     dup2(fileno(stderr), fileno(stdout));
     setenv("OMP_NUM_THREADS", "1", 1);
-    execl(binary.c_str(), binary.c_str(), "--host=127.0.0.1", "--port=0",
-          "--metrics_port=0", ("--port_file=" + port_file).c_str(), nullptr);
+    std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=0",
+                                     "--metrics_port=0",
+                                     "--port_file=" + port_file};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
     _exit(127);
   }
   w.pid = pid;

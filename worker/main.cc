@@ -9,11 +9,14 @@
 #include <fstream>
 #include <future>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/status.h"
 #include "services/runtime.h"
 #include "worker/server.h"
 
@@ -25,7 +28,19 @@ ABSL_FLAG(std::string, port_file, "",
           "write 'GRPC_PORT METRICS_PORT' here once listening (local "
           "launchers use it with --port 0)");
 ABSL_FLAG(int64_t, max_message_bytes, 256 << 20,
-          "largest message accepted on any RPC");
+          "largest message accepted on any RPC (compressed messages count "
+          "inflated)");
+ABSL_FLAG(int, max_concurrent_streams, 8,
+          "Stream calls open at once; more are refused (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the shared bearer token every Worker call must carry "
+          "(the health service needs none)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve TLS, and present it to the next block");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA: require client certificates signed by it (mutual TLS) and "
+          "verify the next block against it");
 ABSL_FLAG(std::string, health_check, "",
           "ask the gRPC health service at this address (host:port) and exit: "
           "0 SERVING, 1 NOT_SERVING, 2 unreachable or error");
@@ -38,7 +53,8 @@ namespace {
 // grpc.health.v1.Health/Check over a generic stub: the request is
 // HealthCheckRequest{string service = 1}, the reply
 // HealthCheckResponse{ServingStatus status = 1} (1 = SERVING).
-int HealthCheck(const std::string& target, const std::string& service) {
+int HealthCheck(const std::string& target, const std::string& service,
+                const interlock::TransportSecurity& security) {
   if (service.size() > 127) {
     std::cerr << "interlock-worker: error: --health_service is too long\n";
     return 2;
@@ -52,8 +68,9 @@ int HealthCheck(const std::string& target, const std::string& service) {
   grpc::Slice slice(request);
   grpc::ByteBuffer request_buffer(&slice, 1);
   grpc::ByteBuffer response_buffer;
-  grpc::GenericStub stub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  // With this worker's certificates, so a probe can check a worker that
+  // requires mutual TLS.
+  grpc::GenericStub stub(interlock::MakeChannel(target, 4 << 20, security));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(5));
@@ -85,12 +102,27 @@ int main(int argc, char** argv) {
   interlock::TuneAllocator();
   absl::SetProgramUsageMessage(
       "interlock-worker [--host H] [--port P] [--metrics_port M] "
-      "[--port_file F] [--max_message_bytes B]\n"
-      "interlock-worker --health_check HOST:PORT [--health_service S]");
-  absl::ParseCommandLine(argc, argv);
+      "[--port_file F] [--max_message_bytes B] [--max_concurrent_streams N] "
+      "[--token-file F] [--tls-cert F --tls-key F] [--tls-ca F]\n"
+      "interlock-worker --health_check HOST:PORT [--health_service S] "
+      "[--tls-cert F --tls-key F] [--tls-ca F]");
+  std::vector<std::string> storage(argv, argv + argc);
+  std::vector<char*> args = interlock::UnderscoreFlagNames(storage);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  interlock::SecurityFiles files;
+  files.token_file = absl::GetFlag(FLAGS_token_file);
+  files.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  files.tls_key = absl::GetFlag(FLAGS_tls_key);
+  files.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   if (!absl::GetFlag(FLAGS_health_check).empty()) {
+    auto security = interlock::LoadTransportSecurity(files, /*server=*/false);
+    if (!security.ok()) {
+      std::cerr << "interlock-worker: error: " << security.status().message()
+                << "\n";
+      return 2;
+    }
     return HealthCheck(absl::GetFlag(FLAGS_health_check),
-                       absl::GetFlag(FLAGS_health_service));
+                       absl::GetFlag(FLAGS_health_service), *security);
   }
   // Signals are taken synchronously by this thread only; block them before
   // any other thread starts so none of those receives them.
@@ -110,6 +142,19 @@ int main(int argc, char** argv) {
                  "least 1 MiB\n";
     return 2;
   }
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  if (options.max_concurrent_streams < 1) {
+    std::cerr << "interlock-worker: error: --max_concurrent_streams must be "
+                 "at least 1\n";
+    return 2;
+  }
+  auto security = interlock::LoadTransportSecurity(files, /*server=*/true);
+  if (!security.ok()) {
+    std::cerr << "interlock-worker: error: " << security.status().message()
+              << "\n";
+    return 2;
+  }
+  options.security = *std::move(security);
   auto server = interlock::WorkerServer::Start(options);
   if (!server.ok()) {
     std::cerr << "interlock-worker: error: " << server.status().message()
@@ -126,8 +171,12 @@ int main(int argc, char** argv) {
     std::rename(tmp.c_str(), port_file.c_str());
   }
   std::cerr << "interlock-worker: serving on " << options.host << ":"
-            << (*server)->port() << ", metrics on port "
-            << (*server)->metrics_port() << "\n";
+            << (*server)->port() << " ("
+            << (options.security.cert_pem.empty() ? "plaintext"
+                : options.security.ca_pem.empty() ? "TLS"
+                                                  : "mutual TLS")
+            << (options.security.token.empty() ? ", no token" : ", token")
+            << "), metrics on port " << (*server)->metrics_port() << "\n";
   int sig = 0;
   sigwait(&signals, &sig);
   std::cerr << "interlock-worker: signal " << sig << ", shutting down\n";

@@ -37,6 +37,20 @@ WorkerMetrics::WorkerMetrics()
                    .Name("interlock_worker_rejected_messages_total")
                    .Help("Received messages refused as invalid or stale")
                    .Register(*registry_);
+  nonfinite_ = &prometheus::BuildCounter()
+                    .Name("interlock_worker_nonfinite_total")
+                    .Help(
+                        "Tensors received or losses computed with NaN or "
+                        "infinite values")
+                    .Register(*registry_);
+  unauthenticated_ =
+      &prometheus::BuildCounter()
+           .Name("interlock_worker_unauthenticated_requests_total")
+           .Help(
+               "Calls refused for a missing or wrong bearer "
+               "token")
+           .Register(*registry_)
+           .Add({});
   step_ = &prometheus::BuildGauge()
                .Name("interlock_worker_step")
                .Help("Optimizer steps this block has completed")
@@ -75,6 +89,7 @@ BlockMetrics& WorkerMetrics::ForBlock(int block, int replica) {
   m.received_down_bytes = &received_->Add(with("direction", "down"));
   m.received_up_bytes = &received_->Add(with("direction", "up"));
   m.rejected = &rejected_->Add(base);
+  m.nonfinite = &nonfinite_->Add(base);
   m.step = &step_->Add(base);
   m.head_loss = &head_loss_->Add(base);
   m.configured = &configured_->Add(base);

@@ -29,6 +29,7 @@ struct BlockMetrics {
   prometheus::Counter* received_down_bytes = nullptr;
   prometheus::Counter* received_up_bytes = nullptr;
   prometheus::Counter* rejected = nullptr;
+  prometheus::Counter* nonfinite = nullptr;
   prometheus::Gauge* step = nullptr;
   prometheus::Gauge* head_loss = nullptr;
   prometheus::Gauge* configured = nullptr;
@@ -40,6 +41,8 @@ class WorkerMetrics {
   std::shared_ptr<prometheus::Registry> registry() { return registry_; }
   // Children for one block (replica 0 until replicas exist).
   BlockMetrics& ForBlock(int block, int replica = 0);
+  // Calls refused for a missing or wrong bearer token (no block yet).
+  prometheus::Counter* unauthenticated() { return unauthenticated_; }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -49,6 +52,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>* sent_;
   prometheus::Family<prometheus::Counter>* received_;
   prometheus::Family<prometheus::Counter>* rejected_;
+  prometheus::Family<prometheus::Counter>* nonfinite_;
+  prometheus::Counter* unauthenticated_;
   prometheus::Family<prometheus::Gauge>* step_;
   prometheus::Family<prometheus::Gauge>* head_loss_;
   prometheus::Family<prometheus::Gauge>* configured_;

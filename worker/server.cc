@@ -18,20 +18,27 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   WorkerOptions core_options;
   core_options.max_message_bytes = options.max_message_bytes;
   s->core_ = std::make_unique<WorkerCore>(core_options, &s->metrics_,
-                                          GrpcLinkFactory());
-  s->service_ = std::make_unique<WorkerService>(s->core_.get());
+                                          GrpcLinkFactory(options.security));
+  WorkerServiceOptions service_options;
+  service_options.token = options.security.token;
+  service_options.max_concurrent_streams = options.max_concurrent_streams;
+  service_options.unauthenticated = s->metrics_.unauthenticated();
+  s->service_ =
+      std::make_unique<WorkerService>(s->core_.get(), service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder, options.max_message_bytes);
   builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                           grpc::InsecureServerCredentials(), &s->port_);
+                           ServerCredentialsFor(options.security), &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.host, ":", options.port));
   }
+  // The health service needs no token (Kubernetes probes send none); it
+  // tells only whether a block is configured. No reflection service.
   // NOT_SERVING until a block is configured: probes and the coordinator
   // can tell a fresh replica from a ready one.
   auto* health = s->server_->GetHealthCheckService();

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "metrics/http_exposer.h"
+#include "rpc/security.h"
 #include "worker/metrics.h"
 #include "worker/worker_core.h"
 #include "worker/worker_service.h"
@@ -22,6 +23,10 @@ struct WorkerServerOptions {
   int port = 0;           // 0: any free port
   int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port
   int64_t max_message_bytes = 256 << 20;
+  // Stream calls open at once; more are refused with RESOURCE_EXHAUSTED.
+  int max_concurrent_streams = 8;
+  // Bearer token and TLS for the server and for the link to the next block.
+  TransportSecurity security;
 };
 
 class WorkerServer {

@@ -34,7 +34,24 @@ struct WorkerCore::Run {
   uint64_t link_id = 0;
   bool failed = false;
   BlockMetrics* metrics = nullptr;
+  int64_t nonfinite_seen = 0;  // the trainer's count already exported
   v1::ConfigureResponse response;
+
+  // Refuses a non-finite received tensor, counting it.
+  absl::Status CheckFinite(const torch::Tensor& t, const std::string& what) {
+    absl::Status s = ExpectFinite(t, what);
+    if (!s.ok()) metrics->nonfinite->Increment();
+    return s;
+  }
+  // Exports the non-finite losses and gradients the trainer met.
+  void SyncNonFinite() {
+    if (!driver) return;
+    const int64_t n = driver->trainer().nonfinite_count();
+    if (n > nonfinite_seen) {
+      metrics->nonfinite->Increment(static_cast<double>(n - nonfinite_seen));
+      nonfinite_seen = n;
+    }
+  }
 };
 
 namespace {
@@ -205,6 +222,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     f->set_microbatch(m.mb);
     f->set_microbatches(r->microbatches);
     f->set_learning_rate(m.lr);
+    f->set_nonfinite(m.nonfinite);
     EncodeTensor(m.input, f->mutable_input());
     EncodeTensor(m.target, f->mutable_target());
     SendDown(std::move(msg));
@@ -245,6 +263,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     msg.mutable_step_done()->set_block(d.block);
     msg.mutable_step_done()->set_step(d.step);
     msg.mutable_step_done()->set_optimizer_seconds(d.timing.seconds);
+    msg.mutable_step_done()->set_skipped(d.skipped);
     SendUp(std::move(msg));
   };
   run->driver = std::make_unique<BlockDriver>(std::move(trainer), cb);
@@ -302,9 +321,14 @@ void WorkerCore::OnDown(std::shared_ptr<UpstreamSink> from,
   // were delivered, and the driver's checks refuse anything stale.
   Post([this, from = std::move(from), msg = std::move(msg)]() mutable {
     if (run_) run_->metrics->received_down_bytes->Increment(msg.ByteSizeLong());
+    Run* before = run_.get();
+    const int64_t seen = before ? before->nonfinite_seen : 0;
     absl::Status s = HandleDown(std::move(msg));
     if (!s.ok()) {
-      if (run_) run_->metrics->rejected->Increment();
+      // A stop by this block's non-finite policy is not a refused message.
+      const bool own = run_ && run_.get() == before &&
+                       run_->nonfinite_seen > seen;
+      if (run_ && !own) run_->metrics->rejected->Increment();
       from->Finish(s);
     }
   });
@@ -372,7 +396,7 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
   RETURN_IF_ERROR(ExpectTensor(input, r.input_dtype,
                                WithBatch(r.mb_size, r.sample_shape),
                                where + " input"));
-  RETURN_IF_ERROR(ExpectFinite(input, where + " input"));
+  RETURN_IF_ERROR(r.CheckFinite(input, where + " input"));
   ASSIGN_OR_RETURN(
       torch::Tensor target,
       DecodeTensor(f.target(), where + " target", options_.limits));
@@ -390,7 +414,10 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
   m.lr = f.learning_rate();
   m.input = std::move(input);
   m.target = std::move(target);
-  return r.driver->OnForward(std::move(m));
+  m.nonfinite = f.nonfinite();
+  absl::Status s = r.driver->OnForward(std::move(m));
+  r.SyncNonFinite();
+  return s;
 }
 
 absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
@@ -410,13 +437,14 @@ absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
   }
   RETURN_IF_ERROR(ExpectTensor(input, r.input_dtype,
                                WithBatch(b, r.sample_shape), where + " input"));
-  RETURN_IF_ERROR(ExpectFinite(input, where + " input"));
+  RETURN_IF_ERROR(r.CheckFinite(input, where + " input"));
   ASSIGN_OR_RETURN(
       torch::Tensor target,
       DecodeTensor(e.target(), where + " target", options_.limits));
   RETURN_IF_ERROR(ExpectTensor(
       target, torch::kInt64, WithBatch(b, r.target_shape), where + " target"));
-  ASSIGN_OR_RETURN(EvalResult res, r.driver->trainer().Evaluate(input, target));
+  ASSIGN_OR_RETURN(EvalResult res, r.driver->trainer().Evaluate(
+                                        input, target, e.nonfinite()));
   v1::UpMessage up;
   auto* er = up.mutable_eval();
   er->set_batch(e.batch());
@@ -434,6 +462,7 @@ absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
     down.mutable_header()->set_generation(r.generation);
     down.mutable_header()->mutable_route()->set_block(r.block + 1);
     down.mutable_eval()->set_batch(e.batch());
+    down.mutable_eval()->set_nonfinite(res.output_nonfinite);
     EncodeTensor(res.output, down.mutable_eval()->mutable_input());
     *down.mutable_eval()->mutable_target() = e.target();
     SendDown(std::move(down));
@@ -449,6 +478,7 @@ void WorkerCore::HandleUp(uint64_t link_id, v1::UpMessage msg) {
     SendUp(std::move(msg));  // step reports, eval results, failures
     return;
   }
+  bool own_failure = false;
   absl::Status s = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(UpwardMsg up, DecodeUpward(msg.upward(), options_.limits));
     for (size_t i = 0; i < up.grads.size(); ++i) {
@@ -457,11 +487,19 @@ void WorkerCore::HandleUp(uint64_t link_id, v1::UpMessage msg) {
                        up.mb, " gradient ", i, " from block ", r.block + 1);
       RETURN_IF_ERROR(ExpectTensor(up.grads[i], torch::kFloat32,
                                    WithBatch(r.mb_size, r.output_shape), what));
-      RETURN_IF_ERROR(ExpectFinite(up.grads[i], what));
+      RETURN_IF_ERROR(r.CheckFinite(up.grads[i], what));
     }
-    return r.driver->OnUpward(std::move(up));
+    const int64_t before = r.driver->trainer().nonfinite_count();
+    absl::Status st = r.driver->OnUpward(std::move(up));
+    r.SyncNonFinite();
+    if (!st.ok() && r.driver->trainer().nonfinite_count() > before) {
+      own_failure = true;  // this block's policy stopped the run
+    }
+    return st;
   }();
-  if (!s.ok()) {
+  if (!s.ok() && own_failure) {
+    FailRun(r.block, "", s);
+  } else if (!s.ok()) {
     r.metrics->rejected->Increment();
     FailRun(r.block + 1, r.next_address, s);
   }
@@ -492,8 +530,9 @@ void WorkerCore::FailRun(int block, const std::string& address,
   }
   if (sink) {
     sink->Finish(absl::Status(
-        s.code(),
-        absl::StrCat("block ", block, " (", address, "): ", s.message())));
+        s.code(), absl::StrCat("block ", block,
+                               address.empty() ? "" : " (" + address + ")",
+                               ": ", s.message())));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <deque>
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
 #include "rpc/status.h"
 #include "rpc/stream.h"
 
@@ -29,10 +30,19 @@ class ReactorSink : public UpstreamSink {
   StreamReactor* reactor_;
 };
 
+// A stream refused before it reaches the core.
+class RefusedStream
+    : public grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage> {
+ public:
+  explicit RefusedStream(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
+  void OnDone() override { delete this; }
+};
+
 class StreamReactor
     : public grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage> {
  public:
-  explicit StreamReactor(WorkerCore* core) : core_(core) {
+  StreamReactor(WorkerCore* core, std::atomic<int>* open)
+      : core_(core), open_(open) {
     sink_ = std::make_shared<ReactorSink>(this);
     core_->Attach(sink_);
     StartRead(&in_);
@@ -88,11 +98,13 @@ class StreamReactor
   void OnDone() override {
     core_->Detach(sink_.get());
     sink_->Orphan();
+    open_->fetch_sub(1);
     delete this;
   }
 
  private:
   WorkerCore* core_;
+  std::atomic<int>* open_;
   std::shared_ptr<ReactorSink> sink_;
   v1::DownMessage in_;
   std::mutex mu_;
@@ -132,10 +144,22 @@ class GrpcLink : public DownstreamLink {
 
 }  // namespace
 
+absl::Status WorkerService::Authenticate(grpc::CallbackServerContext* ctx) {
+  absl::Status s = CheckBearer(ctx->client_metadata(), options_.token);
+  if (!s.ok() && options_.unauthenticated) {
+    options_.unauthenticated->Increment();
+  }
+  return s;
+}
+
 grpc::ServerUnaryReactor* WorkerService::Configure(
     grpc::CallbackServerContext* ctx, const v1::ConfigureRequest* request,
     v1::ConfigureResponse* response) {
   auto* reactor = ctx->DefaultReactor();
+  if (absl::Status s = Authenticate(ctx); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   core_->Configure(
       *request, [reactor, response](absl::StatusOr<v1::ConfigureResponse> r) {
         if (r.ok()) *response = *std::move(r);
@@ -146,13 +170,26 @@ grpc::ServerUnaryReactor* WorkerService::Configure(
 
 grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>* WorkerService::Stream(
     grpc::CallbackServerContext* ctx) {
-  return new StreamReactor(core_);
+  if (absl::Status s = Authenticate(ctx); !s.ok()) {
+    return new RefusedStream(s);
+  }
+  if (open_streams_.fetch_add(1) >= options_.max_concurrent_streams) {
+    open_streams_.fetch_sub(1);
+    return new RefusedStream(absl::ResourceExhaustedError(
+        absl::StrCat("worker: ", options_.max_concurrent_streams,
+                     " streams already open (--max_concurrent_streams)")));
+  }
+  return new StreamReactor(core_, &open_streams_);
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetState(
     grpc::CallbackServerContext* ctx, const v1::GetStateRequest* request,
     v1::GetStateResponse* response) {
   auto* reactor = ctx->DefaultReactor();
+  if (absl::Status s = Authenticate(ctx); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   core_->GetState(*request,
                   [reactor, response](absl::StatusOr<v1::GetStateResponse> r) {
                     if (r.ok()) *response = *std::move(r);
@@ -161,13 +198,13 @@ grpc::ServerUnaryReactor* WorkerService::GetState(
   return reactor;
 }
 
-WorkerCore::LinkFactory GrpcLinkFactory() {
-  return [](const std::string& address, int64_t max_bytes,
-            std::function<void(v1::UpMessage)> on_message,
-            std::function<void(absl::Status)> on_done)
+WorkerCore::LinkFactory GrpcLinkFactory(const TransportSecurity& security) {
+  return [security](const std::string& address, int64_t max_bytes,
+                    std::function<void(v1::UpMessage)> on_message,
+                    std::function<void(absl::Status)> on_done)
              -> std::unique_ptr<DownstreamLink> {
     auto holder = std::make_shared<GrpcLink::Holder>();
-    holder->channel = MakeChannel(address, max_bytes);
+    holder->channel = MakeChannel(address, max_bytes, security);
     holder->stub = v1::Worker::NewStub(holder->channel);
     StreamClient::Handlers h;
     h.on_message = std::move(on_message);

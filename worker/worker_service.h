@@ -3,14 +3,30 @@
 #ifndef INTERLOCK_WORKER_WORKER_SERVICE_H_
 #define INTERLOCK_WORKER_WORKER_SERVICE_H_
 
+#include <atomic>
+#include <string>
+
 #include "proto/worker.grpc.pb.h"
+#include "rpc/security.h"
 #include "worker/worker_core.h"
 
 namespace interlock {
 
+struct WorkerServiceOptions {
+  // Every call must carry this bearer token (empty: no token).
+  std::string token;
+  // Stream calls open at once; one more is refused with RESOURCE_EXHAUSTED.
+  int max_concurrent_streams = 8;
+  // Counts calls refused for a missing or wrong token (may be null).
+  prometheus::Counter* unauthenticated = nullptr;
+};
+
+// Every method checks the token first: a call without the right one ends
+// with UNAUTHENTICATED and never reaches the core.
 class WorkerService final : public interlock::v1::Worker::CallbackService {
  public:
-  explicit WorkerService(WorkerCore* core) : core_(core) {}
+  WorkerService(WorkerCore* core, WorkerServiceOptions options)
+      : core_(core), options_(std::move(options)) {}
 
   grpc::ServerUnaryReactor* Configure(
       grpc::CallbackServerContext* ctx,
@@ -24,11 +40,16 @@ class WorkerService final : public interlock::v1::Worker::CallbackService {
       interlock::v1::GetStateResponse* response) override;
 
  private:
+  absl::Status Authenticate(grpc::CallbackServerContext* ctx);
+
   WorkerCore* core_;
+  const WorkerServiceOptions options_;
+  std::atomic<int> open_streams_{0};
 };
 
-// Opens gRPC streams to the next block for WorkerCore.
-WorkerCore::LinkFactory GrpcLinkFactory();
+// Opens gRPC streams to the next block for WorkerCore, with this worker's
+// certificates and token.
+WorkerCore::LinkFactory GrpcLinkFactory(const TransportSecurity& security);
 
 }  // namespace interlock
 

@@ -1,0 +1,156 @@
+#include "rpc/security.h"
+
+#include <grpcpp/support/client_interceptor.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace interlock {
+namespace {
+
+absl::StatusOr<std::string> ReadFlagFile(const std::string& flag,
+                                         const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--", flag, ": cannot read ", path));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", path, " is empty"));
+  }
+  return ss.str();
+}
+
+absl::Status NeedsPem(const std::string& flag, const std::string& path,
+                      const std::string& text, const char* what) {
+  if (text.find(absl::StrCat("-----BEGIN ")) == std::string::npos ||
+      text.find(what) == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": ", path, " is not a PEM file with a ", what));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TransportSecurity> LoadTransportSecurity(const SecurityFiles& f,
+                                                        bool server) {
+  TransportSecurity s;
+  if (!f.token_file.empty()) {
+    auto text = ReadFlagFile("token-file", f.token_file);
+    if (!text.ok()) return text.status();
+    s.token = std::string(absl::StripAsciiWhitespace(*text));
+    if (s.token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--token-file: ", f.token_file, " holds only white space"));
+    }
+    for (char c : s.token) {
+      // gRPC metadata values are printable ASCII.
+      if (c < 0x21 || c > 0x7e) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--token-file: ", f.token_file,
+                         ": the token must be printable ASCII without "
+                         "spaces"));
+      }
+    }
+  }
+  if (f.tls_cert.empty() != f.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key go together: give both or neither");
+  }
+  if (server && !f.tls_ca.empty() && f.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-ca on a server needs --tls-cert and --tls-key (mutual TLS)");
+  }
+  if (!f.tls_cert.empty()) {
+    auto cert = ReadFlagFile("tls-cert", f.tls_cert);
+    if (!cert.ok()) return cert.status();
+    auto key = ReadFlagFile("tls-key", f.tls_key);
+    if (!key.ok()) return key.status();
+    if (auto st = NeedsPem("tls-cert", f.tls_cert, *cert, "CERTIFICATE");
+        !st.ok()) {
+      return st;
+    }
+    if (auto st = NeedsPem("tls-key", f.tls_key, *key, "PRIVATE KEY");
+        !st.ok()) {
+      return st;
+    }
+    s.cert_pem = *std::move(cert);
+    s.key_pem = *std::move(key);
+  }
+  if (!f.tls_ca.empty()) {
+    auto ca = ReadFlagFile("tls-ca", f.tls_ca);
+    if (!ca.ok()) return ca.status();
+    if (auto st = NeedsPem("tls-ca", f.tls_ca, *ca, "CERTIFICATE"); !st.ok()) {
+      return st;
+    }
+    s.ca_pem = *std::move(ca);
+  }
+  return s;
+}
+
+std::vector<std::string> SecurityFlags(const SecurityFiles& f) {
+  std::vector<std::string> out;
+  if (!f.token_file.empty()) out.push_back("--token_file=" + f.token_file);
+  if (!f.tls_cert.empty()) out.push_back("--tls_cert=" + f.tls_cert);
+  if (!f.tls_key.empty()) out.push_back("--tls_key=" + f.tls_key);
+  if (!f.tls_ca.empty()) out.push_back("--tls_ca=" + f.tls_ca);
+  return out;
+}
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(
+    const TransportSecurity& s) {
+  if (s.cert_pem.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(
+      s.ca_pem.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = s.ca_pem;
+  options.pem_key_cert_pairs.push_back({s.key_pem, s.cert_pem});
+  return grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(
+    const TransportSecurity& s) {
+  if (!s.tls()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = s.ca_pem;  // empty: the system's roots
+  options.pem_private_key = s.key_pem;
+  options.pem_cert_chain = s.cert_pem;
+  return grpc::SslCredentials(options);
+}
+
+std::string BearerValue(const std::string& token) {
+  return absl::StrCat("Bearer ", token);
+}
+
+absl::Status CheckBearer(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+    const std::string& token) {
+  if (token.empty()) return absl::OkStatus();
+  auto it = metadata.find(kAuthorizationKey);
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        "missing bearer token (authorization metadata)");
+  }
+  const std::string expected = BearerValue(token);
+  const grpc::string_ref& got = it->second;
+  // Compare every byte whatever the first difference, so the time taken
+  // does not tell how much of a guess was right.
+  unsigned char diff = got.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char g =
+        i < got.size() ? static_cast<unsigned char>(got.data()[i]) : 0;
+    diff |= g ^ static_cast<unsigned char>(expected[i]);
+  }
+  if (diff != 0) return absl::UnauthenticatedError("wrong bearer token");
+  return absl::OkStatus();
+}
+
+}  // namespace interlock

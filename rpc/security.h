@@ -1,0 +1,73 @@
+// Transport security shared by both services: an optional shared bearer
+// token checked on every Worker RPC, and optional TLS or mutual TLS.
+//
+// gRPC C++ 1.51 only sends CallCredentials on secure channels, and its
+// AuthMetadataProcessor cannot be attached to insecure server credentials,
+// so clients attach the token with a channel interceptor (every call on the
+// channel carries it) and servers check it in the service adapter before the
+// call reaches the worker core. The health service is not checked: probes
+// carry no token.
+#ifndef INTERLOCK_RPC_SECURITY_H_
+#define INTERLOCK_RPC_SECURITY_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace interlock {
+
+struct SecurityFiles {
+  std::string token_file;  // --token-file
+  std::string tls_cert;    // --tls-cert: this process's certificate chain
+  std::string tls_key;     // --tls-key: its private key
+  std::string tls_ca;      // --tls-ca: the CA that signs the peers
+  bool empty() const {
+    return token_file.empty() && tls_cert.empty() && tls_key.empty() &&
+           tls_ca.empty();
+  }
+};
+
+struct TransportSecurity {
+  std::string token;  // empty: no token
+  std::string cert_pem;
+  std::string key_pem;
+  std::string ca_pem;
+  // Clients speak TLS when they have a CA or a certificate; servers when
+  // they have a certificate, and require client certificates signed by the
+  // CA when they have one (mutual TLS).
+  bool tls() const { return !cert_pem.empty() || !ca_pem.empty(); }
+};
+
+// Reads and checks the files named by the flags. `server`: a CA without a
+// certificate and key is an error (a server cannot verify clients without
+// presenting its own certificate). Errors name the flag and the file.
+absl::StatusOr<TransportSecurity> LoadTransportSecurity(
+    const SecurityFiles& files, bool server);
+
+// The flags that hand the same files to a worker process.
+std::vector<std::string> SecurityFlags(const SecurityFiles& files);
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(
+    const TransportSecurity& security);
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(
+    const TransportSecurity& security);
+
+// The metadata key and the value a client sends.
+constexpr char kAuthorizationKey[] = "authorization";
+std::string BearerValue(const std::string& token);
+
+// Checks a call's metadata against the token (constant time in the token's
+// length). OK when no token is configured. UNAUTHENTICATED otherwise, saying
+// whether the token was missing or wrong, never echoing it.
+absl::Status CheckBearer(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+    const std::string& token);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_RPC_SECURITY_H_

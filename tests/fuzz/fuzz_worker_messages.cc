@@ -1,0 +1,180 @@
+// libFuzzer target: a worker's message handling in process, no network. The
+// input is a FuzzCase: Configure requests, messages on the incoming stream,
+// messages from the next block's link and GetState calls, fed to one
+// WorkerCore in order. Whatever the input, the worker must answer with a
+// status and keep serving: no crash, no sanitizer report, no hang.
+#include <algorithm>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+#include "tests/fuzz/fuzz_case.pb.h"
+#include "worker/metrics.h"
+#include "worker/worker_core.h"
+
+namespace {
+
+namespace v1 = interlock::v1;
+
+// The incoming stream's upstream end: keeps what the worker sends up.
+class Sink : public interlock::UpstreamSink {
+ public:
+  void Send(v1::UpMessage msg) override {
+    std::lock_guard<std::mutex> l(mu_);
+    ++sent_;
+  }
+  void Finish(const absl::Status& status) override {
+    std::lock_guard<std::mutex> l(mu_);
+    finished_ = true;
+  }
+
+ private:
+  std::mutex mu_;
+  int sent_ = 0;
+  bool finished_ = false;
+};
+
+// The link to block k+1: swallows what goes down, lets the harness answer.
+struct Link : interlock::DownstreamLink {
+  void Send(v1::DownMessage msg) override {}
+  void Close() override {}
+};
+
+struct Harness {
+  Harness()
+      : core(Options(), &metrics,
+             [this](const std::string&, int64_t,
+                    std::function<void(v1::UpMessage)> on_message,
+                    std::function<void(absl::Status)> on_done) {
+               std::lock_guard<std::mutex> l(mu);
+               from_below = std::move(on_message);
+               return std::make_unique<Link>();
+             }) {}
+
+  static interlock::WorkerOptions Options() {
+    interlock::WorkerOptions o;
+    o.max_message_bytes = 1 << 20;
+    return o;
+  }
+
+  // Waits until everything posted to the executor so far has run (it is
+  // one FIFO thread; GetState answers in order).
+  void Drain(const v1::GetStateRequest& request = {}) {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    core.GetState(request, [&](absl::StatusOr<v1::GetStateResponse>) {
+      std::lock_guard<std::mutex> l(m);
+      done = true;
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> l(m);
+    cv.wait(l, [&] { return done; });
+  }
+
+  interlock::WorkerMetrics metrics;
+  std::mutex mu;
+  std::function<void(v1::UpMessage)> from_below;
+  interlock::WorkerCore core;
+};
+
+// Model and data sizes are an authenticated coordinator's choice and are
+// bounded by the pod's memory, not by the worker: keep them small so the
+// fuzzer spends its time on the message checks.
+void Clamp(v1::ConfigureRequest* req) {
+  auto clamp = [](auto v, decltype(v) hi) { return std::min(v, hi); };
+  auto* shape = req->mutable_shape();
+  shape->set_channels(clamp(shape->channels(), 4));
+  shape->set_height(clamp(shape->height(), 12));
+  shape->set_width(clamp(shape->width(), 12));
+  shape->set_classes(clamp(shape->classes(), 16));
+  shape->set_context(clamp(shape->context(), 16));
+  auto* model = req->mutable_config()->mutable_model();
+  model->set_blocks(clamp(model->blocks(), 4));
+  if (model->has_resnet()) {
+    model->mutable_resnet()->set_architecture(
+        model->resnet().architecture().substr(0, 16));
+    model->mutable_resnet()->set_stem_planes(
+        clamp(model->resnet().stem_planes(), 16));
+  }
+  if (model->has_transformer()) {
+    auto* t = model->mutable_transformer();
+    t->set_d_model(clamp(t->d_model(), 32));
+    t->set_layers(clamp(t->layers(), 4));
+    t->set_heads(clamp(t->heads(), 4));
+    t->set_d_ff(clamp(t->d_ff(), 64));
+    t->set_context(clamp(t->context(), 16));
+  }
+  if (model->has_mlp()) {
+    auto* m = model->mutable_mlp();
+    while (m->hidden_size() > 4) m->mutable_hidden()->RemoveLast();
+    for (int i = 0; i < m->hidden_size(); ++i) {
+      m->set_hidden(i, clamp(m->hidden(i), 64));
+    }
+  }
+  model->set_head(model->head().substr(0, 32));
+  auto* data = req->mutable_config()->mutable_data();
+  while (data->synthetic_shape_size() > 3) {
+    data->mutable_synthetic_shape()->RemoveLast();
+  }
+  for (int i = 0; i < data->synthetic_shape_size(); ++i) {
+    data->set_synthetic_shape(i, clamp(data->synthetic_shape(i), 12));
+  }
+  auto* t = req->mutable_config()->mutable_training();
+  t->set_batch_size(clamp(t->batch_size(), 16));
+  t->set_eval_batch_size(clamp(t->eval_batch_size(), 16));
+  t->set_microbatches(clamp(t->microbatches(), 4));
+  t->set_threads_per_block(1);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static Harness* h = new Harness();  // one worker for the whole session
+  interlock::fuzz::FuzzCase input;
+  if (!input.ParseFromArray(data, static_cast<int>(size))) return 0;
+  auto sink = std::make_shared<Sink>();
+  h->core.Attach(sink);
+  int ops = 0;
+  for (auto& op : *input.mutable_ops()) {
+    if (++ops > 12) break;
+    switch (op.kind_case()) {
+      case interlock::fuzz::Op::kConfigure: {
+        Clamp(op.mutable_configure());
+        std::mutex m;
+        std::condition_variable cv;
+        bool done = false;
+        h->core.Configure(op.configure(),
+                          [&](absl::StatusOr<v1::ConfigureResponse>) {
+                            std::lock_guard<std::mutex> l(m);
+                            done = true;
+                            cv.notify_all();
+                          });
+        std::unique_lock<std::mutex> l(m);
+        cv.wait(l, [&] { return done; });
+        break;
+      }
+      case interlock::fuzz::Op::kDown:
+        h->core.OnDown(sink, op.down());
+        h->Drain();
+        break;
+      case interlock::fuzz::Op::kUp: {
+        std::function<void(v1::UpMessage)> deliver;
+        {
+          std::lock_guard<std::mutex> l(h->mu);
+          deliver = h->from_below;
+        }
+        if (deliver) deliver(op.up());
+        h->Drain();
+        break;
+      }
+      case interlock::fuzz::Op::kGetState:
+        h->Drain(op.get_state());
+        break;
+      default:
+        break;
+    }
+  }
+  h->core.Detach(sink.get());
+  return 0;
+}

@@ -1,0 +1,584 @@
+// Hostile clients against real interlock-worker processes on loopback: the
+// bearer token, TLS and mutual TLS (certificates made here with the openssl
+// CLI), message and stream limits, compressed frames that inflate past the
+// limit, and the non-finite policy on both engines.
+#include "rpc/security.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "coordinator/train.h"
+#include "proto/worker.grpc.pb.h"
+#include "rpc/status.h"
+#include "services/config.h"
+#include "services/wire.h"
+#include "tests/cluster_util.h"
+#include "tests/test_util.h"
+
+namespace interlock {
+namespace {
+
+namespace v1 = interlock::v1;
+using interlock::testing::HealthStatus;
+using interlock::testing::HttpGet;
+using interlock::testing::MakeTempDir;
+using interlock::testing::MetricSum;
+using interlock::testing::RawUnaryCall;
+using interlock::testing::ReadFile;
+using interlock::testing::RunCommand;
+using interlock::testing::StartWorker;
+using interlock::testing::StopWorker;
+using interlock::testing::WorkerProcess;
+
+const std::string kWorker = INTERLOCK_WORKER;
+const std::string kCli = INTERLOCK_CLI;
+const std::string kSrc = INTERLOCK_SOURCE_DIR;
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+// A CA and a certificate it signs for 127.0.0.1 (server and client use),
+// made with the openssl CLI: DIR/NAME-ca.pem, DIR/NAME.pem, DIR/NAME.key.
+void MakeCertificates(const std::string& dir, const std::string& name) {
+  const std::string p = dir + "/" + name;
+  WriteFile(p + ".ext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+            "basicConstraints=CA:FALSE\n");
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 ";
+  const std::string script =
+      "set -e; openssl req -x509 -nodes" + ec + "-keyout " + p +
+      "-ca.key -out " + p + "-ca.pem -days 2 -subj /CN=" + name +
+      "-ca; openssl req -nodes" + ec + "-keyout " + p + ".key -out " + p +
+      ".csr -subj /CN=" + name + "; openssl x509 -req -in " + p + ".csr -CA " +
+      p + "-ca.pem -CAkey " + p + "-ca.key -CAcreateserial -out " + p +
+      ".pem -days 2 -extfile " + p + ".ext";
+  auto r = RunCommand("bash -c '" + script + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+constexpr char kOneBlock[] = R"pb(
+  model {
+    resnet { architecture: "8,1" }
+    partition: "rest"
+  }
+  data {
+    kind: SYNTHETIC_IMAGES
+    synthetic_shape: [ 3, 8, 8 ]
+    synthetic_classes: 4
+  }
+  training { mode: INTERLOCK n: 1 batch_size: 2 microbatches: 1 }
+)pb";
+
+v1::ConfigureRequest OneBlockRequest(const std::string& run_id) {
+  v1::ConfigureRequest req;
+  req.set_run_id(run_id);
+  req.set_generation(1);
+  auto config = ParseRunConfig(kOneBlock, "test");
+  EXPECT_TRUE(config.ok()) << config.status();
+  *req.mutable_config() = *config;
+  req.set_block(0);
+  req.set_num_blocks(1);
+  auto* s = req.mutable_shape();
+  s->set_channels(3);
+  s->set_height(8);
+  s->set_width(8);
+  s->set_classes(4);
+  req.set_max_message_bytes(1 << 20);
+  return req;
+}
+
+v1::DownMessage Forward(const std::string& run_id, int64_t step) {
+  v1::DownMessage m;
+  m.mutable_header()->set_run_id(run_id);
+  m.mutable_header()->set_generation(1);
+  auto* f = m.mutable_forward();
+  f->set_step(step);
+  f->set_microbatches(1);
+  f->set_learning_rate(0.1);
+  EncodeTensor(torch::rand({2, 3, 8, 8}), f->mutable_input());
+  EncodeTensor(torch::tensor({1, 3}, torch::kInt64), f->mutable_target());
+  return m;
+}
+
+void Deadline(grpc::ClientContext* ctx, int seconds = 20) {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::seconds(seconds));
+}
+
+grpc::Status Configure(v1::Worker::Stub* stub, const std::string& run_id,
+                       const std::string& authorization = "") {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+  v1::ConfigureResponse resp;
+  return stub->Configure(&ctx, OneBlockRequest(run_id), &resp);
+}
+
+grpc::Status GetState(v1::Worker::Stub* stub,
+                      const std::string& authorization = "") {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+  v1::GetStateResponse resp;
+  return stub->GetState(&ctx, v1::GetStateRequest(), &resp);
+}
+
+// Sends `m` on a new stream; the stream's status, and whether an upward
+// completion came back.
+grpc::Status StreamOnce(v1::Worker::Stub* stub, const v1::DownMessage& m,
+                        bool* completed = nullptr,
+                        const std::string& authorization = "") {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+  auto stream = stub->Stream(&ctx);
+  stream->Write(m);
+  v1::UpMessage up;
+  bool got = false;
+  while (!got && stream->Read(&up)) got = up.has_upward();
+  stream->WritesDone();
+  while (stream->Read(&up)) {
+  }
+  if (completed) *completed = got;
+  return stream->Finish();
+}
+
+std::shared_ptr<grpc::Channel> Plaintext(const WorkerProcess& w) {
+  return grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials());
+}
+
+class WorkerFixture : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeTempDir("w"); }
+  void TearDown() override {
+    for (auto& w : workers_) {
+      if (HasFailure()) {
+        std::cerr << "worker log:\n" << ReadFile(log_of_[w.pid]) << "\n";
+      }
+      StopWorker(w);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  WorkerProcess Start(const std::vector<std::string>& flags) {
+    const int index = static_cast<int>(workers_.size());
+    WorkerProcess w = StartWorker(kWorker, dir_, index, flags);
+    EXPECT_GT(w.port, 0) << ReadFile(dir_ + "/w" + std::to_string(index) +
+                                     ".log");
+    log_of_[w.pid] = dir_ + "/w" + std::to_string(index) + ".log";
+    workers_.push_back(w);
+    return w;
+  }
+  std::string dir_;
+  std::vector<WorkerProcess> workers_;
+  std::map<pid_t, std::string> log_of_;
+};
+
+// --- Bearer token. ---------------------------------------------------------
+
+using TokenTest = WorkerFixture;
+
+TEST_F(TokenTest, EveryWorkerCallNeedsTheTokenAndTheHandlerNeverRunsWithout) {
+  WriteFile(dir_ + "/token", "s3cret-token-0123456789\n");
+  WorkerProcess w = Start({"--token-file=" + dir_ + "/token"});
+  auto stub = v1::Worker::NewStub(Plaintext(w));
+  const std::string right = "Bearer s3cret-token-0123456789";
+
+  grpc::Status s = Configure(stub.get(), "run-a");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(s.error_message().find("missing bearer token"), std::string::npos)
+      << s.error_message();
+  s = Configure(stub.get(), "run-a", "Bearer s3cret-token-0123456788");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(s.error_message().find("wrong bearer token"), std::string::npos);
+  EXPECT_EQ(s.error_message().find("s3cret"), std::string::npos)
+      << "never echoes a token";
+  s = Configure(stub.get(), "run-a", "s3cret-token-0123456789");  // no scheme
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(GetState(stub.get(), "Bearer nope").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  bool completed = true;
+  s = StreamOnce(stub.get(), Forward("run-a", 0), &completed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_FALSE(completed);
+
+  // None of it reached the core: still unconfigured, nothing counted but
+  // the refusals. The health service answers without a token.
+  EXPECT_EQ(HealthStatus(Plaintext(w)), 2);
+  std::string metrics = HttpGet(w.metrics_port, "/metrics");
+  EXPECT_EQ(
+      MetricSum(metrics, "interlock_worker_unauthenticated_requests_total"), 5)
+      << metrics;
+  EXPECT_EQ(MetricSum(metrics, "interlock_worker_configured"), -1) << metrics;
+  EXPECT_EQ(MetricSum(metrics, "interlock_worker_rejected_messages_total"), -1);
+  EXPECT_EQ(MetricSum(metrics, "interlock_worker_microbatches_total"), -1);
+
+  // With the token everything works, through the channel interceptor the
+  // services use too.
+  TransportSecurity sec;
+  sec.token = "s3cret-token-0123456789";
+  auto good = v1::Worker::NewStub(MakeChannel(w.address(), 4 << 20, sec));
+  s = Configure(good.get(), "run-a");
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(HealthStatus(Plaintext(w)), 1);
+  s = StreamOnce(good.get(), Forward("run-a", 0), &completed);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(completed);
+  EXPECT_TRUE(GetState(stub.get(), right).ok());
+  metrics = HttpGet(w.metrics_port, "/metrics");
+  EXPECT_EQ(
+      MetricSum(metrics, "interlock_worker_unauthenticated_requests_total"), 5);
+  EXPECT_EQ(MetricSum(metrics, "interlock_worker_microbatches_total"), 1);
+
+  // No reflection service, token or not.
+  grpc::Status reflection = RawUnaryCall(
+      MakeChannel(w.address(), 4 << 20, sec),
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "");
+  EXPECT_EQ(reflection.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST(TokenFlags, BadTokenAndTlsFilesStopTheWorkerAtStartUp) {
+  const std::string dir = MakeTempDir("flags");
+  WriteFile(dir + "/blank", " \n");
+  WriteFile(dir + "/spaced", "two words\n");
+  WriteFile(dir + "/notpem", "hello\n");
+  struct Case {
+    std::string flags, fragment;
+  };
+  const std::vector<Case> cases = {
+      {"--token-file=" + dir + "/missing", "--token-file: cannot read"},
+      {"--token-file=" + dir + "/blank", "only white space"},
+      {"--token-file=" + dir + "/spaced", "printable ASCII"},
+      {"--tls-cert=" + dir + "/notpem", "go together"},
+      {"--tls-ca=" + dir + "/notpem", "--tls-ca on a server needs"},
+      {"--tls-cert=" + dir + "/notpem --tls-key=" + dir + "/notpem",
+       "is not a PEM file"},
+  };
+  for (const auto& c : cases) {
+    auto r = RunCommand(kWorker + " --port=0 --metrics_port=-1 " + c.flags);
+    EXPECT_EQ(r.exit_code, 2) << c.flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.fragment), std::string::npos) << c.flags << "\n"
+                                                            << r.output;
+  }
+  auto r = RunCommand(kCli + " train --config " + kSrc +
+                      "/configs/tests/tiny_resnet.pbtxt --token-file " + dir +
+                      "/blank");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("need --engine cluster"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// --- TLS and mutual TLS. ---------------------------------------------------
+
+class TlsTest : public WorkerFixture {
+ protected:
+  void SetUp() override {
+    WorkerFixture::SetUp();
+    MakeCertificates(dir_, "good");
+    MakeCertificates(dir_, "other");
+  }
+  TransportSecurity Client(const std::string& name, bool with_cert,
+                           bool with_ca) {
+    TransportSecurity s;
+    if (with_cert) {
+      s.cert_pem = ReadFile(dir_ + "/" + name + ".pem");
+      s.key_pem = ReadFile(dir_ + "/" + name + ".key");
+    }
+    if (with_ca) s.ca_pem = ReadFile(dir_ + "/good-ca.pem");
+    return s;
+  }
+  std::vector<std::string> ServerFlags(bool mutual) {
+    std::vector<std::string> f = {"--tls-cert=" + dir_ + "/good.pem",
+                                  "--tls-key=" + dir_ + "/good.key"};
+    if (mutual) f.push_back("--tls-ca=" + dir_ + "/good-ca.pem");
+    return f;
+  }
+};
+
+TEST_F(TlsTest, TlsServesVerifyingClientsAndRefusesPlaintext) {
+  WorkerProcess w = Start(ServerFlags(/*mutual=*/false));
+  auto plain = v1::Worker::NewStub(Plaintext(w));
+  EXPECT_EQ(Configure(plain.get(), "run-t").error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  // A client that does not trust the server's CA refuses it.
+  TransportSecurity untrusting;
+  untrusting.ca_pem = ReadFile(dir_ + "/other-ca.pem");
+  auto wary =
+      v1::Worker::NewStub(MakeChannel(w.address(), 4 << 20, untrusting));
+  EXPECT_EQ(Configure(wary.get(), "run-t").error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  auto tls = v1::Worker::NewStub(
+      MakeChannel(w.address(), 4 << 20, Client("good", false, true)));
+  grpc::Status s = Configure(tls.get(), "run-t");
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  bool completed = false;
+  s = StreamOnce(tls.get(), Forward("run-t", 0), &completed);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(completed);
+}
+
+TEST_F(TlsTest, MutualTlsRefusesNoCertificateAForeignCaAndPlaintext) {
+  WorkerProcess w = Start(ServerFlags(/*mutual=*/true));
+  struct Refused {
+    const char* what;
+    std::shared_ptr<grpc::Channel> channel;
+  };
+  const std::vector<Refused> refused = {
+      {"plaintext", Plaintext(w)},
+      {"no client certificate",
+       MakeChannel(w.address(), 4 << 20, Client("good", false, true))},
+      {"certificate from another CA",
+       MakeChannel(w.address(), 4 << 20, Client("other", true, true))},
+  };
+  for (const auto& r : refused) {
+    auto stub = v1::Worker::NewStub(r.channel);
+    grpc::Status s = Configure(stub.get(), "run-m");
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << r.what << ": " << s.error_message();
+  }
+  auto good = v1::Worker::NewStub(
+      MakeChannel(w.address(), 4 << 20, Client("good", true, true)));
+  // Nothing of the refused attempts reached the core.
+  grpc::Status s = GetState(good.get());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << s.error_message();
+  s = Configure(good.get(), "run-m");
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  bool completed = false;
+  s = StreamOnce(good.get(), Forward("run-m", 0), &completed);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(completed);
+}
+
+std::string DigestLine(const std::string& out) {
+  auto at = out.find("digest ");
+  return at == std::string::npos ? std::string() : out.substr(at, 71);
+}
+
+// A local cluster whose workers (and the links between them) require the
+// token and mutual TLS trains to the same parameters as one process; a
+// coordinator with the wrong token is refused, naming the worker.
+TEST_F(TlsTest, ClusterWithTokenAndMutualTlsMatchesInProcess) {
+  WriteFile(dir_ + "/token", "cluster-token-42\n");
+  const std::string flags = " --token-file " + dir_ + "/token --tls-cert " +
+                            dir_ + "/good.pem --tls-key " + dir_ +
+                            "/good.key --tls-ca " + dir_ + "/good-ca.pem";
+  const std::string config =
+      " --config " + kSrc + "/configs/tests/tiny_resnet.pbtxt --steps 6";
+  auto secured = RunCommand(kCli + " train --quiet --engine cluster" + config +
+                            flags + " --out " + dir_ + "/out");
+  ASSERT_EQ(secured.exit_code, 0) << secured.output;
+  auto local = RunCommand(kCli + " train --quiet" + config);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  EXPECT_FALSE(DigestLine(secured.output).empty());
+  EXPECT_EQ(DigestLine(secured.output), DigestLine(local.output));
+
+  // Workers started elsewhere with the same files; the coordinator has the
+  // wrong token.
+  std::vector<std::string> wflags = ServerFlags(/*mutual=*/true);
+  wflags.push_back("--token-file=" + dir_ + "/token");
+  std::vector<WorkerProcess> w;
+  for (int k = 0; k < 3; ++k) w.push_back(Start(wflags));
+  WriteFile(dir_ + "/wrong", "cluster-token-43\n");
+  const std::string addrs =
+      w[0].address() + "," + w[1].address() + "," + w[2].address();
+  auto wrong = RunCommand(kCli + " train --quiet --engine cluster" + config +
+                          " --workers " + addrs + " --token-file " + dir_ +
+                          "/wrong --tls-cert " + dir_ + "/good.pem --tls-key " +
+                          dir_ + "/good.key --tls-ca " + dir_ + "/good-ca.pem");
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.output.find("worker 2 (" + w[2].address() +
+                              "): configure failed: wrong bearer token"),
+            std::string::npos)
+      << wrong.output;
+  auto right = RunCommand(kCli + " train --quiet --engine cluster" + config +
+                          " --workers " + addrs + flags);
+  ASSERT_EQ(right.exit_code, 0) << right.output;
+  EXPECT_EQ(DigestLine(right.output), DigestLine(local.output));
+}
+
+// --- Limits. ---------------------------------------------------------------
+
+using LimitTest = WorkerFixture;
+
+// A DownMessage with `bytes` of zeros as the input tensor's data.
+v1::DownMessage Padded(const std::string& run_id, size_t bytes) {
+  v1::DownMessage m = Forward(run_id, 0);
+  m.mutable_forward()->mutable_input()->mutable_data()->assign(bytes, '\0');
+  return m;
+}
+
+TEST_F(LimitTest, OversizedAndInflatingMessagesAreRefusedAndWorkerServes) {
+  WorkerProcess w = Start({"--max_message_bytes=4194304"});
+  auto stub = v1::Worker::NewStub(Plaintext(w));
+  ASSERT_TRUE(Configure(stub.get(), "run-l").ok());
+  grpc::Status s = StreamOnce(stub.get(), Padded("run-l", 5 << 20));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+
+  // 64 MiB of zeros gzip to about 64 KiB on the wire: the limit holds for
+  // the inflated message.
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  args.SetCompressionAlgorithm(GRPC_COMPRESS_GZIP);
+  auto gz = v1::Worker::NewStub(grpc::CreateCustomChannel(
+      w.address(), grpc::InsecureChannelCredentials(), args));
+  s = StreamOnce(gz.get(), Padded("run-l", 64 << 20));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  // Compressed messages under the limit are fine.
+  bool completed = false;
+  s = StreamOnce(gz.get(), Forward("run-l", 0), &completed);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(completed);
+  EXPECT_EQ(HealthStatus(Plaintext(w)), 1);
+}
+
+TEST_F(LimitTest, StreamsBeyondTheLimitAreRefusedWithoutDisturbingOpenOnes) {
+  WorkerProcess w = Start({"--max_concurrent_streams=1"});
+  auto stub = v1::Worker::NewStub(Plaintext(w));
+  ASSERT_TRUE(Configure(stub.get(), "run-s").ok());
+  // Stream A is open and attached once its first completion came back.
+  grpc::ClientContext a_ctx;
+  Deadline(&a_ctx);
+  auto a = stub->Stream(&a_ctx);
+  ASSERT_TRUE(a->Write(Forward("run-s", 0)));
+  v1::UpMessage up;
+  bool completed = false;
+  while (!completed && a->Read(&up)) completed = up.has_upward();
+  ASSERT_TRUE(completed);
+  // B is refused before it can replace A.
+  bool b_completed = true;
+  grpc::Status s = StreamOnce(stub.get(), Forward("run-s", 1), &b_completed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("max_concurrent_streams"),
+            std::string::npos);
+  EXPECT_FALSE(b_completed);
+  // A still works.
+  ASSERT_TRUE(a->Write(Forward("run-s", 1)));
+  completed = false;
+  while (!completed && a->Read(&up)) completed = up.has_upward();
+  EXPECT_TRUE(completed);
+  a->WritesDone();
+  while (a->Read(&up)) {
+  }
+  EXPECT_TRUE(a->Finish().ok());
+  // Once A is done, a new stream is accepted (the slot frees when the
+  // server has finished A, just after the client saw its status).
+  for (int i = 0; i < 50; ++i) {
+    s = StreamOnce(stub.get(), Forward("run-s", 2), &completed);
+    if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(completed);
+}
+
+// --- Non-finite losses. ----------------------------------------------------
+
+// An MLP whose first step's enormous learning rate overflows every later
+// forward pass: losses become NaN from step 1 on.
+constexpr char kDiverging[] = R"pb(
+  name: "diverging"
+  model {
+    mlp { hidden: [ 16, 16 ] }
+    partition: "1,1,rest"
+    head: "fc"
+  }
+  data {
+    kind: SYNTHETIC_VECTORS
+    synthetic_shape: [ 8 ]
+    synthetic_classes: 4
+    synthetic_train: 64
+    synthetic_test: 16
+  }
+  optimizer { kind: SGD }
+  schedule { kind: CONSTANT lr: 1e30 }
+  training { mode: INTERLOCK n: 2 batch_size: 8 microbatches: 2 steps: 6 }
+)pb";
+
+class NonFiniteTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(MakeTempDir("nonfinite"));
+    workers_ = new std::vector<WorkerProcess>();
+    for (int k = 0; k < 3; ++k) {
+      workers_->push_back(StartWorker(kWorker, *dir_, k));
+    }
+  }
+  static void TearDownTestSuite() {
+    for (auto& w : *workers_) StopWorker(w);
+    std::filesystem::remove_all(*dir_);
+    delete workers_;
+    delete dir_;
+  }
+  static TrainOptions Cluster() {
+    TrainOptions o;
+    o.quiet = true;
+    o.engine = EngineKind::kCluster;
+    for (const auto& w : *workers_) o.workers.push_back(w.address());
+    return o;
+  }
+  static std::string* dir_;
+  static std::vector<WorkerProcess>* workers_;
+};
+std::string* NonFiniteTest::dir_ = nullptr;
+std::vector<WorkerProcess>* NonFiniteTest::workers_ = nullptr;
+
+TEST_F(NonFiniteTest, SkipStepIsIdenticalInProcessAndOnTheCluster) {
+  auto config = ParseRunConfig(kDiverging, "test");
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->mutable_training()->set_nonfinite_policy(v1::TrainingSpec::SKIP_STEP);
+  for (int n : {1, 2, 3}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    config->mutable_training()->set_n(n);
+    TrainOptions local;
+    local.quiet = true;
+    auto a = Train(*config, local);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto b = Train(*config, Cluster());
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->block_digests, b->block_digests);
+    EXPECT_EQ(a->head_digests, b->head_digests);
+    EXPECT_EQ(a->skipped_steps, b->skipped_steps);
+    int64_t skipped = 0;
+    for (int64_t s : a->skipped_steps) skipped += s;
+    EXPECT_GT(skipped, 0);
+  }
+  double counted = 0;
+  for (const auto& w : *workers_) {
+    counted += std::max(0.0, MetricSum(HttpGet(w.metrics_port, "/metrics"),
+                                       "interlock_worker_nonfinite_total"));
+  }
+  EXPECT_GT(counted, 0);
+}
+
+TEST_F(NonFiniteTest, StopEndsTheRunNamingTheBlockOnBothEngines) {
+  auto config = ParseRunConfig(kDiverging, "test");
+  ASSERT_TRUE(config.ok()) << config.status();
+  TrainOptions local;
+  local.quiet = true;
+  auto a = Train(*config, local);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("training.nonfinite_policy is STOP"),
+            std::string::npos)
+      << a.status();
+  auto b = Train(*config, Cluster());
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("training.nonfinite_policy is STOP"),
+            std::string::npos)
+      << b.status();
+  EXPECT_NE(b.status().message().find("loss is"), std::string::npos)
+      << b.status();
+}
+
+}  // namespace
+}  // namespace interlock
