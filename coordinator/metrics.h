@@ -32,8 +32,8 @@ class CoordinatorMetrics {
   void OnStepTimes(double wall_step_seconds, double virtual_seconds,
                    double virtual_step_seconds,
                    const std::vector<double>& busy_ratio);
-  prometheus::Family<prometheus::Counter>* skipped_family_ = nullptr;
-  std::map<int, prometheus::Counter*> skipped_;
+  // A block skipped a step's update (training.nonfinite_policy SKIP_STEP).
+  void OnSkippedStep(int block);
 
  private:
   CoordinatorMetrics() = default;

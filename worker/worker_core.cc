@@ -11,7 +11,6 @@
 
 namespace interlock {
 
-namespace v1 = interlock::v1;
 using Clock = std::chrono::steady_clock;
 
 struct WorkerCore::Run {

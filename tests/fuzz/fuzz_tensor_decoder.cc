@@ -1,6 +1,8 @@
 // libFuzzer target: the tensor decoder a worker runs on every tensor it
 // receives, alone (a Tensor message) and inside a gradient list (UpwardData).
 // Whatever decodes must round-trip bit for bit.
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstring>
 
 #include "proto/worker.pb.h"
@@ -21,6 +23,12 @@ void CheckRoundTrip(const interlock::v1::Tensor& wire, const torch::Tensor& t) {
 }
 
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  // Inputs that fail to parse are expected; their log lines are noise.
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   interlock::TensorLimits limits;
