@@ -35,7 +35,7 @@ for t in "${TARGETS[@]}"; do
     -artifact_prefix="$BUILD/fuzz-artifacts/$t-" "$work" "$seeds" >"$log" 2>&1
   rc=$?
   set -e
-  grep -E '^(#[0-9]+ +DONE|stat::)' "$log" | sed "s/^/  $t: /" || true
+  grep -aE '^(#[0-9]+[[:space:]]+DONE|stat::)' "$log" | sed "s/^/  $t: /" || true
   if ((rc != 0)); then
     echo "fuzz: $t FAILED (exit $rc); see $log and $BUILD/fuzz-artifacts"
     tail -n 40 "$log"
