@@ -745,14 +745,32 @@ TEST(ClusterLocal, LocalClusterRunsAndLeavesNoOrphans) {
   }
   // The workers are this CLI's children.
   auto children = interlock::testing::RunCommand(
-      "pgrep -P " + std::to_string(cli.pid) + " -f interlock-worker | wc -l");
-  EXPECT_EQ(std::stoi(children.output), 3) << children.output;
+      "pgrep -P " + std::to_string(cli.pid) + " -f interlock-worker");
+  std::vector<pid_t> pids;
+  std::istringstream listed(children.output);
+  for (pid_t p; listed >> p;) pids.push_back(p);
+  EXPECT_EQ(pids.size(), 3u) << children.output;
   kill(cli.pid, SIGINT);
   EXPECT_NE(WaitExit(cli.pid, 30), -1);
-  // "[i]" keeps pgrep's own shell from matching the pattern.
-  auto left = interlock::testing::RunCommand(
-      "pgrep -f '[i]nterlock-worker.*interlock-cluster' | wc -l");
-  EXPECT_EQ(std::stoi(left.output), 0) << left.output;
+  // Those very processes are gone (other tests may run local clusters of
+  // their own at the same time, so no machine-wide search).
+  auto alive = [&] {
+    int n = 0;
+    for (pid_t p : pids) {
+      // Running unless /proc has no such process or only its zombie.
+      const std::string stat = ReadFile("/proc/" + std::to_string(p) + "/stat");
+      const auto paren = stat.rfind(')');
+      if (paren != std::string::npos && paren + 2 < stat.size() &&
+          stat[paren + 2] != 'Z') {
+        ++n;
+      }
+    }
+    return n;
+  };
+  for (int i = 0; i < 100 && alive() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(alive(), 0);
   std::filesystem::remove_all(dir);
 }
 
