@@ -231,6 +231,10 @@ void PipelineSim::RecordFinishedSteps() {
        it = partial_end_.find(steps_finished())) {
     step_end_.push_back(it->second.second);
     partial_end_.erase(it);
+    // Every block is past this step: its durations are not needed again.
+    const int64_t done = steps_finished() - 1;
+    mb_durations_.erase(mb_durations_.lower_bound({done, 0}),
+                        mb_durations_.lower_bound({done + 1, 0}));
   }
 }
 
