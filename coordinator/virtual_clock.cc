@@ -20,27 +20,6 @@ const char* SpanKindName(SpanKind kind) {
   return "?";
 }
 
-int PipelineShape::Down(int k) const {
-  if (k + 1 >= blocks) return 0;
-  if (e2e) return 1;
-  return std::min(n - 1, blocks - k - 1);
-}
-
-int PipelineShape::Up(int k) const {
-  if (k == 0) return 0;
-  if (e2e) return 1;
-  return std::min(n - 1, blocks - k);
-}
-
-int PipelineShape::Shared(int k) const {
-  const int up = Up(k);
-  if (up == 0) return -1;
-  if (e2e) return 0;
-  const int last = Down(k);  // the list is [own, downstream...]
-  const int shared = (!sum_rule || last == 0) ? last : -1;
-  return shared < up ? shared : -1;
-}
-
 PipelineSim::PipelineSim(PipelineShape shape, int64_t keep_span_steps)
     : shape_(std::move(shape)),
       keep_span_steps_(keep_span_steps),
@@ -295,12 +274,7 @@ void PipelineSim::AdvanceEvents() {
 }
 
 int InputOnlyPasses(bool e2e, int n, bool sum_rule, int blocks, int k) {
-  PipelineShape s;
-  s.blocks = blocks;
-  s.e2e = e2e;
-  s.n = n;
-  s.sum_rule = sum_rule;
-  return s.EarlyCount(k);
+  return GradientLists{blocks, e2e, n, sum_rule}.EarlyCount(k);
 }
 
 SimResult Simulate(const PipelineShape& shape,

@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include "services/gradient_lists.h"
+
 namespace interlock {
 
 struct LinkModel {
@@ -60,16 +62,13 @@ struct PipelineShape {
   std::vector<int64_t> up_bytes;
   LinkModel link;
 
-  // The gradient lists of services/trainer.h: entries block k gets from
-  // k+1, entries it sends to k-1, the one its parameter pass yields (-1:
-  // none), and whether upstream entry i is an early input-gradient pass.
-  int Down(int k) const;
-  int Up(int k) const;
-  int Shared(int k) const;
-  bool Early(int k, int i) const {
-    return i >= 0 && i < Up(k) && i != Shared(k);
-  }
-  int EarlyCount(int k) const { return Up(k) - (Shared(k) >= 0 ? 1 : 0); }
+  // The gradient lists of services/trainer.h.
+  GradientLists Lists() const { return {blocks, e2e, n, sum_rule}; }
+  int Down(int k) const { return Lists().Down(k); }
+  int Up(int k) const { return Lists().Up(k); }
+  int Shared(int k) const { return Lists().Shared(k); }
+  bool Early(int k, int i) const { return Lists().Early(k, i); }
+  int EarlyCount(int k) const { return Lists().EarlyCount(k); }
 };
 
 // One block's measured work on one micro-batch.

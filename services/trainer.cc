@@ -147,28 +147,22 @@ absl::StatusOr<bool> BlockTrainer::CheckUpstream(int mb, int i, bool marked,
   return true;
 }
 
+GradientLists BlockTrainer::lists() const {
+  return GradientLists{options_.num_blocks, options_.e2e, options_.n,
+                       options_.sum_rule};
+}
+
 int BlockTrainer::DownstreamListSize() const {
-  if (is_last()) return 0;
-  if (options_.e2e) return 1;
-  return std::min(options_.n - 1, options_.num_blocks - options_.block - 1);
+  return lists().Down(options_.block);
 }
 
 bool BlockTrainer::NeedsDownstream() const { return DownstreamListSize() > 0; }
 
 int BlockTrainer::UpstreamListSize() const {
-  if (options_.block == 0) return 0;
-  if (options_.e2e) return 1;
-  return std::min(options_.n - 1, options_.num_blocks - options_.block);
+  return lists().Up(options_.block);
 }
 
-int BlockTrainer::SharedEntry() const {
-  const int up = UpstreamListSize();
-  if (up == 0) return -1;
-  if (options_.e2e) return 0;
-  const int last = DownstreamListSize();  // list = [own, downstream...]
-  const int shared = (!options_.sum_rule || last == 0) ? last : -1;
-  return shared < up ? shared : -1;
-}
+int BlockTrainer::SharedEntry() const { return lists().Shared(options_.block); }
 
 absl::StatusOr<EntryResult> BlockTrainer::Entry(int mb, int i,
                                                 const torch::Tensor& entry,

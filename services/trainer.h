@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
 #include "services/data.h"
+#include "services/gradient_lists.h"
 #include "services/models.h"
 #include "services/optim.h"
 
@@ -115,9 +116,7 @@ class BlockTrainer {
   // "early": an input-gradient-only pass that can run as soon as list entry
   // i is known, so the wait chain is n blocks long, not K.
   int SharedEntry() const;
-  bool IsEarlyEntry(int i) const {
-    return i >= 0 && i < UpstreamListSize() && i != SharedEntry();
-  }
+  bool IsEarlyEntry(int i) const { return lists().Early(options_.block, i); }
 
   // Forward of micro-batch `mb`: runs the block, keeps its graph, and runs
   // the auxiliary head (forward and backward, on the detached output) or, for
@@ -171,6 +170,7 @@ class BlockTrainer {
 
  private:
   BlockTrainer(TrainerOptions options, BlockModules modules);
+  GradientLists lists() const;
 
   struct Pending {
     torch::Tensor input;     // leaf requiring grad when gradients go upstream
