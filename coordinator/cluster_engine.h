@@ -5,6 +5,7 @@
 #ifndef INTERLOCK_COORDINATOR_CLUSTER_ENGINE_H_
 #define INTERLOCK_COORDINATOR_CLUSTER_ENGINE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,12 @@ struct ClusterOptions {
   absl::Duration rpc_deadline = absl::Seconds(120);
   // No event for this long stops the run (a stalled chain never hangs).
   absl::Duration stall_timeout = absl::Seconds(600);
+  // Recover() calls this first: restart workers that died (a local cluster
+  // restarts its processes on the same ports; elsewhere an orchestrator
+  // does, and this stays empty).
+  std::function<void()> revive;
+  // Told whenever a worker is known to be down (false) or reachable again.
+  std::function<void(int block, bool up)> on_worker_state;
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(

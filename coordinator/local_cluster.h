@@ -36,10 +36,17 @@ class LocalCluster {
   std::vector<std::string> addresses() const;
   // SIGTERM, then SIGKILL after `grace`; safe to call from several threads.
   void Stop(absl::Duration grace = absl::Seconds(5));
+  // Restarts every worker process that has died, on its old port (what a
+  // Kubernetes restartPolicy does for a pod). Returns how many it restarted.
+  absl::StatusOr<int> ReviveDead(absl::Duration timeout = absl::Seconds(30));
 
  private:
   LocalCluster() = default;
+  // Starts worker k on `port` (0: any free port) and waits for its port file.
+  absl::Status Spawn(int k, int port, absl::Time deadline);
+  std::string binary_;
   std::string dir_;
+  int restarts_ = 0;
   std::vector<Worker> workers_;
   std::mutex mu_;
   bool stopped_ = false;

@@ -70,6 +70,38 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
                               .Name("interlock_coordinator_eval_loss")
                               .Help("Test loss of each head at evaluation")
                               .Register(r);
+  m->checkpoints_ = &prometheus::BuildCounter()
+                         .Name("interlock_coordinator_checkpoints_total")
+                         .Help("Checkpoints written")
+                         .Register(r)
+                         .Add(labels);
+  m->checkpoint_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("interlock_coordinator_checkpoint_seconds")
+           .Help("Time to take a checkpoint: drain, fetch every block's "
+                 "state, write and sync")
+           .Register(r)
+           .Add(labels, prometheus::Histogram::BucketBoundaries{
+                            0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+                            60, 120});
+  m->last_checkpoint_step_ =
+      &prometheus::BuildGauge()
+           .Name("interlock_coordinator_last_checkpoint_step")
+           .Help("Steps covered by the newest complete checkpoint")
+           .Register(r)
+           .Add(labels);
+  m->recoveries_ = &prometheus::BuildCounter()
+                        .Name("interlock_coordinator_recoveries_total")
+                        .Help("Recoveries from a failed worker (restore from "
+                              "the last checkpoint and replay)")
+                        .Register(r)
+                        .Add(labels);
+  m->workers_up_family_ =
+      &prometheus::BuildGauge()
+           .Name("interlock_coordinator_workers_up")
+           .Help("1 while the worker of a block is reachable, 0 once it "
+                 "failed")
+           .Register(r);
   auto exposer = HttpExposer::Start(host, port, m->registry_);
   if (!exposer.ok()) return exposer.status();
   m->exposer_ = std::move(*exposer);
@@ -80,6 +112,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
 prometheus::Gauge& CoordinatorMetrics::PerBlock(
     prometheus::Family<prometheus::Gauge>* family,
     std::map<int, prometheus::Gauge*>& cache, int block) {
+  std::lock_guard<std::mutex> l(mu_);
   auto it = cache.find(block);
   if (it != cache.end()) return *it->second;
   auto& g = family->Add({{"block", std::to_string(block)}, {"mode", mode_}});
@@ -109,6 +142,18 @@ void CoordinatorMetrics::OnStepTimes(double wall_step_seconds,
   for (size_t k = 0; k < busy_ratio.size(); ++k) {
     PerBlock(busy_family_, busy_, static_cast<int>(k)).Set(busy_ratio[k]);
   }
+}
+
+void CoordinatorMetrics::OnCheckpoint(int64_t step, double seconds) {
+  checkpoints_->Increment();
+  checkpoint_seconds_->Observe(seconds);
+  last_checkpoint_step_->Set(static_cast<double>(step));
+}
+
+void CoordinatorMetrics::OnRecovery() { recoveries_->Increment(); }
+
+void CoordinatorMetrics::SetWorkerUp(int block, bool up) {
+  PerBlock(workers_up_family_, workers_up_, block).Set(up ? 1.0 : 0.0);
 }
 
 void CoordinatorMetrics::OnEval(int block, double accuracy, double loss) {
