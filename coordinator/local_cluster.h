@@ -29,7 +29,7 @@ class LocalCluster {
 
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Launch(
       int workers, const std::string& worker_binary,
-      absl::Duration timeout = absl::Seconds(30));
+      absl::Duration timeout = absl::Seconds(120));
   ~LocalCluster();
 
   const std::vector<Worker>& workers() const { return workers_; }

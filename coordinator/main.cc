@@ -136,8 +136,10 @@ int Fail(const std::string& message, int code = 1) {
   return code;
 }
 
-// Ctrl-C / SIGTERM: stop the local cluster's workers (the run then ends with
-// an error) or, in process, leave at once. Either way no worker is orphaned.
+// Ctrl-C / SIGTERM: when the run can checkpoint, the first signal asks it to
+// take a checkpoint at the next step boundary and stop. Otherwise (or on a
+// second signal) stop the local cluster's workers (the run then ends with an
+// error) or, in process, leave at once. Either way no worker is orphaned.
 void WatchSignals(sigset_t signals) {
   std::thread([signals] {
     int sig = 0;

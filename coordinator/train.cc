@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -37,7 +38,7 @@ using interlock::v1::TrainingSpec;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Longest single attempt of a recovery (waiting for workers, configuring,
 // restoring); attempts repeat until --recover-timeout.
-constexpr absl::Duration kRecoverAttempt = absl::Seconds(15);
+constexpr absl::Duration kRecoverAttempt = absl::Seconds(5);
 
 std::string ModeName(const RunConfig& c) {
   const auto& t = c.training();
@@ -103,14 +104,32 @@ class Runner {
         // Continue the file: the steps after the checkpoint run again and
         // are recorded again.
         int64_t dropped = 0;
+        int64_t last_kept = -1;
         RETURN_IF_ERROR(CutJsonLines(path, [&](int64_t step) {
-          if (step < start_step_) return true;
+          if (step < start_step_) {
+            last_kept = std::max(last_kept, step);
+            return true;
+          }
           ++dropped;
           return false;
         }));
         acc_.microbatches_replayed += dropped * t.microbatches();
+        metrics_.open(path, std::ios::app);
+        for (const auto& line : pending_metrics_) {
+          constexpr char kStep[] = "{\"step\":";
+          const size_t comma = line.find(',');
+          int64_t step = -1;
+          if (line.rfind(kStep, 0) != 0 || comma == std::string::npos ||
+              !absl::SimpleAtoi(line.substr(8, comma - 8), &step)) {
+            continue;
+          }
+          if (step > last_kept && step < start_step_) {
+            metrics_ << line << "\n";
+          }
+        }
+      } else {
+        metrics_.open(path, std::ios::trunc);
       }
-      metrics_.open(path, start_step_ > 0 ? std::ios::app : std::ios::trunc);
       if (!metrics_) {
         return absl::PermissionDeniedError(
             absl::StrCat("--out: cannot write ", path));
@@ -350,6 +369,13 @@ class Runner {
                                                " (no checkpoint folder)"));
     }
     RETURN_IF_ERROR(DrainThrough(s - 1));
+    // Nothing more is submitted: the clock can place every step, and all of
+    // them are recorded before the checkpoint.
+    if (clock_) {
+      clock_->Finish();
+      clock_->Advance();
+      EmitReady();
+    }
     ASSIGN_OR_RETURN(const std::string dir, TakeCheckpoint(s));
     return absl::CancelledError(
         absl::StrCat("stopped at step ", s, "; checkpoint ", dir,
@@ -359,10 +385,18 @@ class Runner {
   absl::Status SetUpCheckpoints() {
     std::string dir = o_.checkpoint_dir;
     if (dir.empty() && !o_.out_dir.empty()) dir = o_.out_dir + "/checkpoints";
+    if (dir.empty() && !o_.resume.empty()) {
+      // The folder the resumed checkpoint lives in.
+      std::error_code ec;
+      const auto r = std::filesystem::weakly_canonical(o_.resume, ec);
+      dir = std::filesystem::exists(r / "manifest.pbtxt", ec)
+                ? r.parent_path().string()
+                : r.string();
+    }
     if (dir.empty()) {
       if (o_.checkpoint_every > 0 || !o_.resume.empty()) {
         return absl::InvalidArgumentError(
-            "--checkpoint-every and --resume need --out or --checkpoint-dir");
+            "--checkpoint-every needs --out or --checkpoint-dir");
       }
       return absl::OkStatus();
     }
@@ -387,6 +421,8 @@ class Runner {
     }
     RETURN_IF_ERROR(Restore(engine_, *c));
     start_step_ = mf.step();
+    pending_metrics_.assign(mf.pending_metrics().begin(),
+                            mf.pending_metrics().end());
     wall_offset_ = mf.wall_seconds();
     virtual_offset_ = mf.virtual_seconds();
     acc_.resumed_from_step = start_step_;
@@ -410,10 +446,8 @@ class Runner {
       h.perplexity = e.perplexity();
       evals_.back().heads.push_back(h);
     }
-    if (!o_.quiet) {
-      *o_.log << "interlock: resuming from " << c->dir << " (step "
-              << start_step_ << " of " << asked_ << ")\n";
-    }
+    *o_.log << "interlock: resuming from " << c->dir << " (step "
+            << start_step_ << " of " << asked_ << ")\n";
     return absl::OkStatus();
   }
 
@@ -456,6 +490,14 @@ class Runner {
         r->set_wall_seconds(e.wall_seconds);
         r->set_virtual_seconds(e.virtual_seconds);
       }
+    }
+    // Steps done but not yet placed on the virtual clock (it runs up to two
+    // steps behind) are kept as records without a virtual time, so that a
+    // resumed run's metrics.jsonl has every step.
+    for (int64_t s = next_emit_; s < steps; ++s) {
+      auto it = steps_.find(s);
+      if (it == steps_.end()) continue;
+      mf.add_pending_metrics(MetricsLine(s, it->second, kNaN));
     }
     ASSIGN_OR_RETURN(std::string dir, checkpoints_->Take(engine_, mf));
     ++acc_.checkpoints;
@@ -545,7 +587,8 @@ class Runner {
       block_grads_[s] = 0;
     }
     in_flight_ = 0;
-    steps_.clear();
+    // Records of steps before `from` that wait for the virtual clock stay.
+    steps_.erase(steps_.lower_bound(from), steps_.end());
     completed_ = from;
     steps_done_.assign(k_, from);
   }
@@ -668,26 +711,41 @@ class Runner {
     return absl::OkStatus();
   }
 
-  void EmitStep(int64_t s, const StepAgg& agg) {
+  std::vector<double> MeanLosses(const StepAgg& agg) const {
     std::vector<double> losses(k_, kNaN);
     for (int k = 0; k < k_; ++k) {
       if (agg.loss_n[k] > 0) losses[k] = agg.loss_sum[k] / agg.loss_n[k];
     }
+    return losses;
+  }
+
+  // One line of metrics.jsonl (no newline).
+  std::string MetricsLine(int64_t s, const StepAgg& agg, double virt) {
+    const double samples =
+        static_cast<double>(c_.training().batch_size()) * (s + 1);
+    const double sps = agg.wall > 0 ? samples / agg.wall : 0.0;
+    std::vector<std::string> ls;
+    for (double l : MeanLosses(agg)) ls.push_back(JsonNumber(l));
+    return absl::StrCat("{\"step\":", s,
+                        ",\"wall_seconds\":", JsonNumber(agg.wall),
+                        ",\"virtual_seconds\":", JsonNumber(virt),
+                        ",\"lr\":", JsonNumber(lrs_[s]), ",\"loss\":[",
+                        absl::StrJoin(ls, ","),
+                        "],\"samples_per_second\":", JsonNumber(sps), "}");
+  }
+
+  void EmitStep(int64_t s, const StepAgg& agg) {
+    const std::vector<double> losses = MeanLosses(agg);
     last_losses_ = losses;
     const double wall = agg.wall;
     const double virt = VirtualEnd(s);
-    const double prev_virt = s > clock_base_ ? VirtualEnd(s - 1) : virtual_offset_;
+    const double prev_virt =
+        s > clock_base_ ? VirtualEnd(s - 1) : virtual_offset_;
     const double samples =
         static_cast<double>(c_.training().batch_size()) * (s + 1);
     const double sps = wall > 0 ? samples / wall : 0.0;
     if (metrics_.is_open()) {
-      std::vector<std::string> ls;
-      for (double l : losses) ls.push_back(JsonNumber(l));
-      metrics_ << "{\"step\":" << s << ",\"wall_seconds\":" << JsonNumber(wall)
-               << ",\"virtual_seconds\":" << JsonNumber(virt)
-               << ",\"lr\":" << JsonNumber(lrs_[s]) << ",\"loss\":["
-               << absl::StrJoin(ls, ",")
-               << "],\"samples_per_second\":" << JsonNumber(sps) << "}\n";
+      metrics_ << MetricsLine(s, agg, virt) << "\n";
       metrics_.flush();
     }
     lrs_.erase(s);
@@ -885,6 +943,7 @@ class Runner {
   // and the training time before it.
   std::unique_ptr<RunCheckpoints> checkpoints_;
   int64_t start_step_ = 0;
+  std::vector<std::string> pending_metrics_;  // from the checkpoint
   double wall_offset_ = 0.0;
   int recoveries_without_progress_ = 0;
   // Exactly-once accounting, per step of the surviving history:

@@ -53,9 +53,11 @@ TEST(Chaos, KillNineWorkersAndCoordinatorRunStillExact) {
   std::string tmpl = "/tmp/interlock-chaos-XXXXXX";
   const std::string dir = mkdtemp(tmpl.data());
   const std::string config = kSrc + "/configs/tests/tiny_resnet_k4.pbtxt";
-  const int steps = 400;
+  const int steps = 800;
   const int m = 2;
-  auto ref = RunCommand(kCli + " train --quiet --config " + config);
+  const std::string steps_flag = "--steps=" + std::to_string(steps);
+  auto ref =
+      RunCommand(kCli + " train --quiet --config " + config + " " + steps_flag);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const std::string want = DigestOf(ref.output);
   ASSERT_EQ(want.size(), 64u) << ref.output;
@@ -67,7 +69,7 @@ TEST(Chaos, KillNineWorkersAndCoordinatorRunStillExact) {
   std::uniform_int_distribution<int> which(0, 3);
   const std::string out = dir + "/out";
   const std::vector<std::string> args = {
-      "train", "--quiet", "--engine=cluster", "--config=" + config,
+      "train", "--quiet", "--engine=cluster", "--config=" + config, steps_flag,
       "--checkpoint-every=20", "--recover-timeout=90s", "--out=" + out};
   Child cli = StartChild(kCli, args, dir + "/cli1.log");
   ASSERT_TRUE(WaitFor([&] { return LinesIn(out + "/metrics.jsonl") >= 5; }, 120))
