@@ -364,6 +364,11 @@ class Runner {
 
   // A stop request: checkpoint at this step boundary and end the run.
   absl::Status Stop(int64_t s) {
+    if (!checkpoints_ && !checkpoint_dir_.empty()) {
+      ASSIGN_OR_RETURN(checkpoints_,
+                       RunCheckpoints::Open(checkpoint_dir_,
+                                            o_.keep_checkpoints, o_.log));
+    }
     if (!checkpoints_) {
       return absl::CancelledError(absl::StrCat("stopped at step ", s,
                                                " (no checkpoint folder)"));
@@ -399,6 +404,12 @@ class Runner {
             "--checkpoint-every needs --out or --checkpoint-dir");
       }
       return absl::OkStatus();
+    }
+    checkpoint_dir_ = dir;
+    std::error_code ec;
+    if (o_.checkpoint_every == 0 && o_.resume.empty() &&
+        !std::filesystem::exists(dir, ec)) {
+      return absl::OkStatus();  // opened if a stop request needs it
     }
     ASSIGN_OR_RETURN(checkpoints_, RunCheckpoints::Open(
                                        dir, o_.keep_checkpoints, o_.log));
@@ -621,9 +632,13 @@ class Runner {
 
   // The virtual clock replays the part of the run this process trained
   // (from clock_base_ on); a resumed run continues the checkpoint's time.
+  // A step the replay has not placed yet reads as the replay's time so far
+  // (a lower bound).
   double VirtualEnd(int64_t s) const {
     if (!clock_ || s < clock_base_) return virtual_offset_;
-    return virtual_offset_ + clock_->StepEnd(s - clock_base_);
+    const int64_t i = s - clock_base_;
+    if (i >= clock_->steps_finished()) return virtual_offset_ + clock_->Now();
+    return virtual_offset_ + clock_->StepEnd(i);
   }
   int64_t ClockFinished() const {
     return clock_ ? clock_base_ + clock_->steps_finished() : clock_base_;
@@ -942,6 +957,7 @@ class Runner {
   // Checkpoints (null without a checkpoint folder), where the run started
   // and the training time before it.
   std::unique_ptr<RunCheckpoints> checkpoints_;
+  std::string checkpoint_dir_;
   int64_t start_step_ = 0;
   std::vector<std::string> pending_metrics_;  // from the checkpoint
   double wall_offset_ = 0.0;
