@@ -1,5 +1,6 @@
 #include "coordinator/cluster_engine.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "proto/worker.grpc.pb.h"
 #include "rpc/status.h"
 #include "rpc/stream.h"
+#include "services/digest.h"
 #include "services/models.h"
 #include "services/status_macros.h"
 #include "services/wire.h"
@@ -56,20 +58,28 @@ class ClusterEngine : public Engine {
       p.stub = v1::Worker::NewStub(p.channel);
       peers_.push_back(std::move(p));
     }
-    for (size_t k = 0; k < peers_.size(); ++k) {
-      if (!peers_[k].channel->WaitForConnected(
-              absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
+    return Connect(options_.connect_timeout);
+  }
+
+  // Waits for every worker, configures the chain under the current
+  // generation and opens the stream into block 0.
+  absl::Status Connect(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    const int k_blocks = num_blocks();
+    for (int k = 0; k < k_blocks; ++k) {
+      if (!peers_[k].channel->WaitForConnected(absl::ToChronoTime(deadline))) {
         return absl::UnavailableError(absl::StrCat(
             "worker ", k, " (", peers_[k].address, "): not reachable within ",
-            absl::FormatDuration(options_.connect_timeout)));
+            absl::FormatDuration(timeout)));
       }
+      WorkerState(k, true);
     }
     // Last block first, so each worker's downstream is ready when it opens
     // its link.
     for (int k = k_blocks - 1; k >= 0; --k) {
       v1::ConfigureRequest req;
       req.set_run_id(run_id_);
-      req.set_generation(1);
+      req.set_generation(generation_);
       *req.mutable_config() = config_;
       req.set_block(k);
       req.set_num_blocks(k_blocks);
@@ -78,7 +88,9 @@ class ClusterEngine : public Engine {
       req.set_max_message_bytes(max_bytes_);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
-      ctx.set_wait_for_ready(true);
+      // At the start, wait for a worker still coming up; in a recovery a
+      // worker that is gone again fails the attempt at once (it is retried).
+      ctx.set_wait_for_ready(generation_ == 1);
       v1::ConfigureResponse resp;
       grpc::Status s = peers_[k].stub->Configure(&ctx, req, &resp);
       if (!s.ok()) {
@@ -89,13 +101,126 @@ class ClusterEngine : public Engine {
       }
     }
     StreamClient::Handlers h;
-    h.on_message = [this](v1::UpMessage m) { OnUp(std::move(m)); };
+    // Messages and the end of a stream of an earlier attempt (before a
+    // Recover) are ignored: only the current stream counts.
+    const int64_t epoch = ++stream_epoch_;
+    h.on_message = [this, epoch](v1::UpMessage m) {
+      if (epoch == stream_epoch_) OnUp(std::move(m));
+    };
     // The channel must outlive the call: the handler holds it until the
     // stream is done, whenever the engine goes away.
-    h.on_done = [this, channel = peers_[0].channel](const grpc::Status& s) {
-      OnStreamDone(s);
-    };
+    h.on_done = [this, epoch, channel = peers_[0].channel](
+                    const grpc::Status& s) { OnStreamDone(epoch, s); };
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stream_done_ = false;
+      closing_ = false;
+    }
     stream_ = StreamClient::Open(peers_[0].stub.get(), std::move(h));
+    return absl::OkStatus();
+  }
+
+  absl::Status Recover(absl::Duration timeout) override {
+    CloseStream();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      error_ = absl::OkStatus();
+      events_.clear();
+      evals_.clear();
+    }
+    if (options_.revive) options_.revive();
+    // A new generation: whatever of the failed attempt is still in flight
+    // anywhere is refused as stale, and every block starts afresh.
+    ++generation_;
+    return Connect(timeout);
+  }
+
+  absl::StatusOr<std::vector<std::string>> SaveState() override {
+    std::vector<std::string> out;
+    for (int k = 0; k < num_blocks(); ++k) {
+      v1::SaveStateRequest req;
+      req.set_run_id(run_id_);
+      req.set_generation(generation_);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
+      auto reader = peers_[k].stub->SaveState(&ctx, req);
+      v1::StateChunk chunk;
+      v1::StateChunk header;
+      std::string bytes;
+      bool first = true;
+      while (reader->Read(&chunk)) {
+        if (first) {
+          header = chunk;
+          header.clear_data();
+          if (header.total_bytes() < 0 || header.total_bytes() > int64_t{16}
+                                                                     << 30) {
+            ctx.TryCancel();
+            break;
+          }
+          bytes.reserve(header.total_bytes());
+          first = false;
+        }
+        bytes.append(chunk.data());
+      }
+      grpc::Status s = reader->Finish();
+      const std::string who =
+          absl::StrCat("worker ", k, " (", peers_[k].address, "): save_state");
+      if (!s.ok()) {
+        return absl::Status(FromGrpcStatus(s).code(),
+                            absl::StrCat(who, " failed: ", s.error_message()));
+      }
+      if (first || header.block() != k ||
+          static_cast<int64_t>(bytes.size()) != header.total_bytes() ||
+          Sha256Hex(bytes.data(), bytes.size()) != header.sha256()) {
+        return absl::DataLossError(absl::StrCat(
+            who, ": the state received (", bytes.size(),
+            " bytes) does not match its header (block ", header.block(), ", ",
+            header.total_bytes(), " bytes, SHA-256 ", header.sha256(), ")"));
+      }
+      out.push_back(std::move(bytes));
+    }
+    return out;
+  }
+
+  absl::Status LoadState(int64_t step,
+                         const std::vector<std::string>& states) override {
+    if (static_cast<int>(states.size()) != num_blocks()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("load state: ", states.size(), " archives for ",
+                       num_blocks(), " blocks"));
+    }
+    constexpr size_t kChunk = 1 << 20;
+    for (int k = 0; k < num_blocks(); ++k) {
+      const std::string& bytes = states[k];
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
+      v1::LoadStateResponse resp;
+      auto writer = peers_[k].stub->LoadState(&ctx, &resp);
+      size_t offset = 0;
+      do {
+        v1::StateChunk chunk;
+        if (offset == 0) {
+          chunk.set_run_id(run_id_);
+          chunk.set_generation(generation_);
+          chunk.set_block(k);
+          chunk.set_step(step);
+          chunk.set_total_bytes(static_cast<int64_t>(bytes.size()));
+          chunk.set_sha256(Sha256Hex(bytes.data(), bytes.size()));
+        }
+        const size_t n = std::min(kChunk, bytes.size() - offset);
+        chunk.set_data(bytes.substr(offset, n));
+        offset += n;
+        if (!writer->Write(chunk)) break;
+      } while (offset < bytes.size());
+      writer->WritesDone();
+      grpc::Status s = writer->Finish();
+      if (!s.ok()) {
+        return absl::Status(
+            FromGrpcStatus(s).code(),
+            absl::StrCat("worker ", k, " (", peers_[k].address,
+                         "): load_state failed: ", s.error_message()));
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -195,7 +320,10 @@ class ClusterEngine : public Engine {
     return out;
   }
 
-  void Shutdown() override {
+  void Shutdown() override { CloseStream(); }
+
+ private:
+  void CloseStream() {
     if (!stream_) return;
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -212,7 +340,10 @@ class ClusterEngine : public Engine {
     stream_.reset();
   }
 
- private:
+  void WorkerState(int block, bool up) {
+    if (options_.on_worker_state) options_.on_worker_state(block, up);
+  }
+
   struct Peer {
     std::string address;
     std::shared_ptr<grpc::Channel> channel;
@@ -241,7 +372,7 @@ class ClusterEngine : public Engine {
 
   void SetHeader(v1::DownMessage* m) {
     m->mutable_header()->set_run_id(run_id_);
-    m->mutable_header()->set_generation(1);
+    m->mutable_header()->set_generation(generation_);
     m->mutable_header()->mutable_route()->set_block(0);
   }
 
@@ -269,7 +400,13 @@ class ClusterEngine : public Engine {
         d.timing = {d.block, Phase::kOptimizer,
                     m.step_done().optimizer_seconds()};
         d.skipped = m.step_done().skipped();
+        d.microbatches = m.step_done().microbatches();
         Push(d);
+        return;
+      }
+      case v1::UpMessage::kDuplicate: {
+        const auto& d = m.duplicate();
+        Push(DuplicateAck{d.block(), d.step(), d.microbatch()});
         return;
       }
       case v1::UpMessage::kEval: {
@@ -282,6 +419,9 @@ class ClusterEngine : public Engine {
         const auto& f = m.failure();
         const std::string where =
             f.address().empty() ? "" : absl::StrCat(" (", f.address(), ")");
+        if (f.block() >= 0 && f.block() < num_blocks()) {
+          WorkerState(f.block(), false);
+        }
         Fail(absl::Status(static_cast<absl::StatusCode>(f.code()),
                           absl::StrCat("worker ", f.block(), where,
                                        " failed: ", f.message())));
@@ -298,12 +438,14 @@ class ClusterEngine : public Engine {
     cv_.notify_all();
   }
 
-  void OnStreamDone(const grpc::Status& s) {
+  void OnStreamDone(int64_t epoch, const grpc::Status& s) {
     // Everything under the lock, notify included: the engine may be
     // destroyed as soon as a waiter sees stream_done_.
     std::lock_guard<std::mutex> l(mu_);
+    if (epoch != stream_epoch_) return;
     stream_done_ = true;
     if ((!closing_ || !s.ok()) && error_.ok()) {
+      if (!closing_) WorkerState(0, false);
       // A failure message from below, if any, already named the culprit.
       error_ = absl::UnavailableError(absl::StrCat(
           "worker 0 (", peers_[0].address, "): stream ended: ",
@@ -316,6 +458,8 @@ class ClusterEngine : public Engine {
   const DataShape shape_;
   const ClusterOptions options_;
   std::string run_id_;
+  int64_t generation_ = 1;
+  std::atomic<int64_t> stream_epoch_{0};
   int64_t max_bytes_ = 0;
   std::vector<Peer> peers_;
   std::shared_ptr<StreamClient> stream_;

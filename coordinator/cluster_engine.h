@@ -5,6 +5,7 @@
 #ifndef INTERLOCK_COORDINATOR_CLUSTER_ENGINE_H_
 #define INTERLOCK_COORDINATOR_CLUSTER_ENGINE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,12 @@ struct ClusterOptions {
   absl::Duration stall_timeout = absl::Seconds(600);
   // Bearer token and TLS for every call to the workers.
   TransportSecurity security;
+  // Recover() calls this first: restart workers that died (a local cluster
+  // restarts its processes on the same ports; elsewhere an orchestrator
+  // does, and this stays empty).
+  std::function<void()> revive;
+  // Told whenever a worker is known to be down (false) or reachable again.
+  std::function<void(int block, bool up)> on_worker_state;
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(

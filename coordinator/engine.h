@@ -10,13 +10,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "services/driver.h"
 
 namespace interlock {
 
 // Something the chain tells the driver: a micro-batch finished everywhere
 // (block 0's upward message), or a block took its optimizer step.
-using EngineEvent = std::variant<UpwardMsg, StepDone>;
+// A worker acknowledged a forward micro-batch it had already applied (and
+// did not apply it again).
+struct DuplicateAck {
+  int block = 0;
+  int64_t step = 0;
+  int mb = 0;
+};
+using EngineEvent = std::variant<UpwardMsg, StepDone, DuplicateAck>;
 
 // Evaluation of one batch by every head (aux heads, then the final one).
 struct HeadEval {
@@ -47,6 +55,19 @@ class Engine {
       const torch::Tensor& input, const torch::Tensor& target) = 0;
   // Every block's parameters and buffers (training must be idle).
   virtual absl::StatusOr<std::vector<BlockState>> FetchState() = 0;
+  // Every block's whole training state at a step boundary (training idle):
+  // one LibTorch archive per block (parameters, buffers, optimizer state).
+  virtual absl::StatusOr<std::vector<std::string>> SaveState() = 0;
+  // Restores every block from archives SaveState produced at `step`; the
+  // chain then expects step `step` next.
+  virtual absl::Status LoadState(int64_t step,
+                                 const std::vector<std::string>& blocks) = 0;
+  // After a failure (Next or Submit returned an error): waits up to
+  // `timeout` for every worker to be reachable again, resets every block to
+  // its initial state under a new generation (so nothing of the failed
+  // attempt is applied) and reopens the chain. Engines that cannot fail
+  // this way answer UNIMPLEMENTED.
+  virtual absl::Status Recover(absl::Duration timeout) = 0;
   virtual void Shutdown() = 0;
 };
 

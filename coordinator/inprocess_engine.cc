@@ -2,10 +2,13 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "services/runtime.h"
 #include "services/status_macros.h"
 
@@ -13,7 +16,9 @@ namespace interlock {
 namespace {
 
 struct StopMsg {};
-using Inbound = std::variant<ForwardMsg, UpwardMsg, StopMsg>;
+// Work that must run on a block's own thread (state save and load).
+using BlockTask = std::function<void(BlockDriver&)>;
+using Inbound = std::variant<ForwardMsg, UpwardMsg, StopMsg, BlockTask>;
 
 class InProcessEngine : public Engine {
  public:
@@ -123,6 +128,39 @@ class InProcessEngine : public Engine {
     return out;
   }
 
+  absl::StatusOr<std::vector<std::string>> SaveState() override {
+    std::vector<std::string> out(blocks_.size());
+    for (size_t k = 0; k < blocks_.size(); ++k) {
+      absl::StatusOr<std::string> r;
+      RunOnBlock(static_cast<int>(k),
+                 [&](BlockDriver& d) { r = d.SaveState(); });
+      if (!r.ok()) return r.status();
+      out[k] = *std::move(r);
+    }
+    return out;
+  }
+
+  absl::Status LoadState(int64_t step,
+                         const std::vector<std::string>& states) override {
+    if (states.size() != blocks_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("load state: ", states.size(), " archives for ",
+                       blocks_.size(), " blocks"));
+    }
+    for (size_t k = 0; k < blocks_.size(); ++k) {
+      absl::Status s;
+      RunOnBlock(static_cast<int>(k),
+                 [&](BlockDriver& d) { s = d.LoadState(states[k], step); });
+      RETURN_IF_ERROR(s);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Recover(absl::Duration) override {
+    return absl::UnimplementedError(
+        "the in-process engine has no workers to recover");
+  }
+
   void Shutdown() override {
     for (size_t k = 0; k < blocks_.size(); ++k) {
       if (blocks_[k]->thread.joinable()) {
@@ -170,8 +208,27 @@ class InProcessEngine : public Engine {
     cv_.notify_all();
   }
 
+  // Runs `task` on block k's thread (threaded) or here (sequential) and
+  // waits for it.
+  void RunOnBlock(int k, const BlockTask& task) {
+    if (schedule_ == Schedule::kSequential) {
+      task(*blocks_[k]->driver);
+      return;
+    }
+    std::promise<void> done;
+    Deliver(k, BlockTask([&](BlockDriver& d) {
+              task(d);
+              done.set_value();
+            }));
+    done.get_future().wait();
+  }
+
   absl::Status Handle(int k, Inbound msg) {
     BlockDriver& d = *blocks_[k]->driver;
+    if (auto* t = std::get_if<BlockTask>(&msg)) {
+      (*t)(d);
+      return absl::OkStatus();
+    }
     if (auto* f = std::get_if<ForwardMsg>(&msg))
       return d.OnForward(std::move(*f));
     if (auto* u = std::get_if<UpwardMsg>(&msg))

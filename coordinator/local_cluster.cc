@@ -1,8 +1,11 @@
 #include "coordinator/local_cluster.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +27,20 @@ std::string Tail(const std::string& path) {
   std::string s = ss.str();
   if (s.size() > 600) s = s.substr(s.size() - 600);
   return s;
+}
+
+// Whether something accepts TCP connections on 127.0.0.1:port.
+bool Accepts(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok =
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
 }
 
 }  // namespace
@@ -48,67 +65,104 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Launch(
         absl::StrCat("worker binary not found or not executable: ", binary));
   }
   std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->binary_ = binary;
+  c->extra_args_ = extra_args;
   char tmpl[] = "/tmp/interlock-cluster-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     return absl::InternalError("cannot create a temporary folder");
   }
   c->dir_ = tmpl;
-  const pid_t parent = getpid();
-  for (int k = 0; k < count; ++k) {
-    Worker w;
-    const std::string port_file = absl::StrCat(c->dir_, "/worker", k, ".port");
-    w.log_path = absl::StrCat(c->dir_, "/worker", k, ".log");
-    std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=0",
-                                     "--metrics_port=0",
-                                     "--port_file=" + port_file};
-    args.insert(args.end(), extra_args.begin(), extra_args.end());
-    const pid_t pid = fork();
-    if (pid < 0) return absl::InternalError("fork failed");
-    if (pid == 0) {
-      // Child: die with the parent, log to a file, one BLAS thread.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      const int fd =
-          open(w.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-        close(fd);
-      }
-      setenv("OMP_NUM_THREADS", "1", 1);
-      setenv("OPENBLAS_NUM_THREADS", "1", 1);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(binary.c_str(), argv.data());
-      _exit(127);
-    }
-    w.pid = pid;
-    c->workers_.push_back(w);
-  }
+  c->workers_.resize(count);
   const absl::Time deadline = absl::Now() + timeout;
   for (int k = 0; k < count; ++k) {
-    Worker& w = c->workers_[k];
-    const std::string port_file = absl::StrCat(c->dir_, "/worker", k, ".port");
-    for (;;) {
-      std::ifstream in(port_file);
-      if (in >> w.port >> w.metrics_port) break;
-      int status;
-      if (waitpid(w.pid, &status, WNOHANG) == w.pid) {
-        w.pid = -1;
-        return absl::UnavailableError(absl::StrCat(
-            "worker ", k, " exited at start-up: ", Tail(w.log_path)));
-      }
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("worker ", k, " did not start within ",
-                         absl::FormatDuration(timeout)));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    w.address = absl::StrCat("127.0.0.1:", w.port);
+    if (absl::Status s = c->Spawn(k, 0, deadline); !s.ok()) return s;
   }
   return c;
+}
+
+absl::Status LocalCluster::Spawn(int k, int port, absl::Time deadline) {
+  Worker& w = workers_[k];
+  // A fresh port file per start: an old one must not be mistaken for it.
+  const std::string port_file =
+      absl::StrCat(dir_, "/worker", k, "-", restarts_++, ".port");
+  w.log_path = absl::StrCat(dir_, "/worker", k, ".log");
+  std::vector<std::string> args = {
+      binary_, "--host=127.0.0.1", absl::StrCat("--port=", port),
+      "--metrics_port=0", "--port_file=" + port_file};
+  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    // Child: die with the parent, log to a file, one BLAS thread. Its own
+    // process group: a terminal's Ctrl-C reaches the coordinator only, which
+    // checkpoints before it stops the workers.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    setpgid(0, 0);
+    if (getppid() != parent) _exit(1);
+    const int fd =
+        open(w.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary_.c_str(), argv.data());
+    _exit(127);
+  }
+  w.pid = pid;
+  for (;;) {
+    std::ifstream in(port_file);
+    if (in >> w.port >> w.metrics_port) break;
+    int status;
+    if (waitpid(w.pid, &status, WNOHANG) == w.pid) {
+      w.pid = -1;
+      return absl::UnavailableError(absl::StrCat(
+          "worker ", k, " exited at start-up: ", Tail(w.log_path)));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("worker ", k, " did not start in time"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  w.address = absl::StrCat("127.0.0.1:", w.port);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> LocalCluster::ReviveDead(absl::Duration timeout) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (stopped_) return absl::CancelledError("the local cluster was stopped");
+  const absl::Time deadline = absl::Now() + timeout;
+  int revived = 0;
+  for (size_t k = 0; k < workers_.size(); ++k) {
+    Worker& w = workers_[k];
+    int status;
+    if (w.pid > 0 && waitpid(w.pid, &status, WNOHANG) == 0) {
+      if (Accepts(w.port)) continue;
+      // Not listening: dying (a killed process closes its sockets before
+      // it can be reaped) or broken. Make sure it is gone.
+      kill(w.pid, SIGKILL);
+      waitpid(w.pid, &status, 0);
+    }
+    w.pid = -1;
+    // The same port: the coordinator and the neighbours reconnect to the
+    // address they know. Binding may fail briefly while the old sockets
+    // close; retry until the deadline.
+    absl::Status s;
+    do {
+      s = Spawn(static_cast<int>(k), workers_[k].port, deadline);
+      if (!s.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    } while (!s.ok() && absl::Now() < deadline);
+    if (!s.ok()) return s;
+    ++revived;
+  }
+  return revived;
 }
 
 std::vector<std::string> LocalCluster::addresses() const {

@@ -30,7 +30,7 @@ class LocalCluster {
   // `extra_args` go to every worker (e.g. the token and TLS flags).
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Launch(
       int workers, const std::string& worker_binary,
-      absl::Duration timeout = absl::Seconds(30),
+      absl::Duration timeout = absl::Seconds(120),
       const std::vector<std::string>& extra_args = {});
   ~LocalCluster();
 
@@ -38,10 +38,18 @@ class LocalCluster {
   std::vector<std::string> addresses() const;
   // SIGTERM, then SIGKILL after `grace`; safe to call from several threads.
   void Stop(absl::Duration grace = absl::Seconds(5));
+  // Restarts every worker process that has died, on its old port (what a
+  // Kubernetes restartPolicy does for a pod). Returns how many it restarted.
+  absl::StatusOr<int> ReviveDead(absl::Duration timeout = absl::Seconds(30));
 
  private:
   LocalCluster() = default;
+  // Starts worker k on `port` (0: any free port) and waits for its port file.
+  absl::Status Spawn(int k, int port, absl::Time deadline);
+  std::string binary_;
+  std::vector<std::string> extra_args_;
   std::string dir_;
+  int restarts_ = 0;
   std::vector<Worker> workers_;
   std::mutex mu_;
   bool stopped_ = false;

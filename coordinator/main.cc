@@ -94,6 +94,18 @@ ABSL_FLAG(std::string, tls_key, "", "cluster: PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_ca, "",
           "cluster: PEM CA the workers' certificates are checked against "
           "(turns TLS on)");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "take a checkpoint every N steps (0: only on SIGTERM/SIGINT)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "folder of the run's checkpoints (default OUT/checkpoints); a run "
+          "resumes from the newest complete one found there");
+ABSL_FLAG(int, keep_checkpoints, 3, "keep the newest N checkpoints");
+ABSL_FLAG(std::string, resume, "",
+          "resume from this checkpoint (or the newest complete one in this "
+          "folder)");
+ABSL_FLAG(absl::Duration, recover_timeout, absl::Seconds(120),
+          "cluster: how long to wait for failed workers to come back before "
+          "restoring the last checkpoint (0: a failure ends the run)");
 
 namespace {
 
@@ -107,7 +119,9 @@ constexpr char kUsage[] =
     "[--dump-params] [--engine inprocess|cluster] [--workers A,B,...] "
     "[--metrics-port P] [--budget T] [--budget-virtual T] "
     "[--link-latency T] [--link-bandwidth B] [--token-file F] "
-    "[--tls-cert F --tls-key F] [--tls-ca F]\n"
+    "[--tls-cert F --tls-key F] [--tls-ca F] [--checkpoint-every N] "
+    "[--checkpoint-dir DIR] [--keep-checkpoints N] [--resume DIR] "
+    "[--recover-timeout 120s]\n"
     "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
     "[--budget-virtual T | --budget T | --steps N] --out DIR "
     "[--engine inprocess|cluster] [--seed S] [--threads-per-block T]\n"
@@ -121,6 +135,10 @@ std::string g_command_line;
 std::set<std::string> g_given_flags;
 
 std::atomic<bool> g_interrupted{false};
+// Set on the first signal when the run can checkpoint: it stops at the next
+// step boundary after writing one. A second signal stops at once.
+std::atomic<bool> g_stop_requested{false};
+std::atomic<bool> g_can_checkpoint{false};
 std::mutex g_cluster_mu;
 interlock::LocalCluster* g_cluster = nullptr;
 
@@ -129,12 +147,21 @@ int Fail(const std::string& message, int code = 1) {
   return code;
 }
 
-// Ctrl-C / SIGTERM: stop the local cluster's workers (the run then ends with
-// an error) or, in process, leave at once. Either way no worker is orphaned.
+// Ctrl-C / SIGTERM: when the run can checkpoint, the first signal asks it to
+// take a checkpoint at the next step boundary and stop. Otherwise (or on a
+// second signal) stop the local cluster's workers (the run then ends with an
+// error) or, in process, leave at once. Either way no worker is orphaned.
 void WatchSignals(sigset_t signals) {
   std::thread([signals] {
     int sig = 0;
     sigwait(&signals, &sig);
+    if (g_can_checkpoint) {
+      g_stop_requested = true;
+      std::cerr << "\ninterlock: signal " << sig
+                << ": stopping after a checkpoint at the next step boundary "
+                   "(again to stop at once)\n";
+      sigwait(&signals, &sig);
+    }
     g_interrupted = true;
     std::cerr << "\ninterlock: interrupted by signal " << sig << "\n";
     std::lock_guard<std::mutex> l(g_cluster_mu);
@@ -251,9 +278,30 @@ int RunTrain() {
   }
   interlock::TrainOptions options;
   if (int code = TrainOptionsFromFlags(options); code != 0) return code;
+  options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  if (options.checkpoint_every < 0) {
+    return Fail("--checkpoint-every: must be >= 0", 2);
+  }
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  if (options.keep_checkpoints < 1) {
+    return Fail("--keep-checkpoints: must be >= 1", 2);
+  }
+  options.resume = absl::GetFlag(FLAGS_resume);
+  options.recover_timeout = absl::GetFlag(FLAGS_recover_timeout);
+  if (options.recover_timeout < absl::ZeroDuration()) {
+    return Fail("--recover-timeout: must not be negative", 2);
+  }
+  options.stop_requested = &g_stop_requested;
+  g_can_checkpoint =
+      !options.out_dir.empty() || !options.checkpoint_dir.empty();
 
   auto result = interlock::Train(config, options);
   if (g_interrupted) return Fail("interrupted", 130);
+  if (g_stop_requested && !result.ok() &&
+      result.status().code() == absl::StatusCode::kCancelled) {
+    return Fail(std::string(result.status().message()), 130);
+  }
   if (!result.ok()) return Fail(std::string(result.status().message()));
   std::cout << absl::StrFormat(
       "Test metrics after %d steps (%.1f s training; %.1f s on the virtual "

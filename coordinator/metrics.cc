@@ -75,6 +75,41 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
            .Name("interlock_coordinator_skipped_steps_total")
            .Help("Steps whose update a block skipped for non-finite values")
            .Register(r);
+  m->checkpoints_ = &prometheus::BuildCounter()
+                         .Name("interlock_coordinator_checkpoints_total")
+                         .Help("Checkpoints written")
+                         .Register(r)
+                         .Add(labels);
+  m->checkpoint_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("interlock_coordinator_checkpoint_seconds")
+           .Help(
+               "Time to take a checkpoint: drain, fetch every block's "
+               "state, write and sync")
+           .Register(r)
+           .Add(labels,
+                prometheus::Histogram::BucketBoundaries{
+                    0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120});
+  m->last_checkpoint_step_ =
+      &prometheus::BuildGauge()
+           .Name("interlock_coordinator_last_checkpoint_step")
+           .Help("Steps covered by the newest complete checkpoint")
+           .Register(r)
+           .Add(labels);
+  m->recoveries_ = &prometheus::BuildCounter()
+                        .Name("interlock_coordinator_recoveries_total")
+                        .Help(
+                            "Recoveries from a failed worker (restore from "
+                            "the last checkpoint and replay)")
+                        .Register(r)
+                        .Add(labels);
+  m->workers_up_family_ =
+      &prometheus::BuildGauge()
+           .Name("interlock_coordinator_workers_up")
+           .Help(
+               "1 while the worker of a block is reachable, 0 once it "
+               "failed")
+           .Register(r);
   auto exposer = HttpExposer::Start(host, port, m->registry_);
   if (!exposer.ok()) return exposer.status();
   m->exposer_ = std::move(*exposer);
@@ -85,6 +120,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
 prometheus::Gauge& CoordinatorMetrics::PerBlock(
     prometheus::Family<prometheus::Gauge>* family,
     std::map<int, prometheus::Gauge*>& cache, int block) {
+  std::lock_guard<std::mutex> l(mu_);
   auto it = cache.find(block);
   if (it != cache.end()) return *it->second;
   auto& g = family->Add({{"block", std::to_string(block)}, {"mode", mode_}});
@@ -116,7 +152,8 @@ void CoordinatorMetrics::OnStepTimes(double wall_step_seconds,
   }
 }
 
-void CoordinatorMetrics::OnSkippedStep(int block) {
+void CoordinatorMetrics::OnSkippedSteps(int block, int steps) {
+  std::lock_guard<std::mutex> l(mu_);
   auto it = skipped_.find(block);
   if (it == skipped_.end()) {
     it = skipped_
@@ -125,7 +162,19 @@ void CoordinatorMetrics::OnSkippedStep(int block) {
                           {{"block", std::to_string(block)}, {"mode", mode_}}))
              .first;
   }
-  it->second->Increment();
+  it->second->Increment(steps);
+}
+
+void CoordinatorMetrics::OnCheckpoint(int64_t step, double seconds) {
+  checkpoints_->Increment();
+  checkpoint_seconds_->Observe(seconds);
+  last_checkpoint_step_->Set(static_cast<double>(step));
+}
+
+void CoordinatorMetrics::OnRecovery() { recoveries_->Increment(); }
+
+void CoordinatorMetrics::SetWorkerUp(int block, bool up) {
+  PerBlock(workers_up_family_, workers_up_, block).Set(up ? 1.0 : 0.0);
 }
 
 void CoordinatorMetrics::OnEval(int block, double accuracy, double loss) {

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,8 +33,15 @@ class CoordinatorMetrics {
   void OnStepTimes(double wall_step_seconds, double virtual_seconds,
                    double virtual_step_seconds,
                    const std::vector<double>& busy_ratio);
-  // A block skipped a step's update (training.nonfinite_policy SKIP_STEP).
-  void OnSkippedStep(int block);
+  // A block skipped `steps` steps' updates (training.nonfinite_policy
+  // SKIP_STEP); 0 creates the block's series, so alerts see it at zero.
+  void OnSkippedSteps(int block, int steps);
+  // A checkpoint of `step` steps was written in `seconds` (drain, fetch of
+  // every block's state, write and sync).
+  void OnCheckpoint(int64_t step, double seconds);
+  void OnRecovery();
+  // Thread-safe: the cluster engine reports from its RPC threads.
+  void SetWorkerUp(int block, bool up);
 
  private:
   CoordinatorMetrics() = default;
@@ -55,8 +63,15 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>* loss_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* accuracy_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* eval_loss_family_ = nullptr;
-  std::map<int, prometheus::Gauge*> loss_, accuracy_, eval_loss_, busy_;
+  prometheus::Counter* checkpoints_ = nullptr;
+  prometheus::Histogram* checkpoint_seconds_ = nullptr;
+  prometheus::Gauge* last_checkpoint_step_ = nullptr;
+  prometheus::Counter* recoveries_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* workers_up_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* skipped_family_ = nullptr;
+  std::mutex mu_;  // guards the per-block caches
+  std::map<int, prometheus::Gauge*> loss_, accuracy_, eval_loss_, workers_up_,
+      busy_;
   std::map<int, prometheus::Counter*> skipped_;
 };
 

@@ -6,7 +6,10 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
+#include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -16,6 +19,7 @@
 #include "coordinator/local_cluster.h"
 #include "coordinator/metrics.h"
 #include "coordinator/progress.h"
+#include "coordinator/run_checkpoints.h"
 #include "coordinator/timeline.h"
 #include "services/config.h"
 #include "services/data.h"
@@ -32,6 +36,9 @@ using interlock::v1::RunConfig;
 using interlock::v1::TrainingSpec;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// Longest single attempt of a recovery (waiting for workers, configuring,
+// restoring); attempts repeat until --recover-timeout.
+constexpr absl::Duration kRecoverAttempt = absl::Seconds(5);
 
 std::string ModeName(const RunConfig& c) {
   const auto& t = c.training();
@@ -71,15 +78,17 @@ class Runner {
   absl::StatusOr<TrainResult> Run() {
     const auto& t = c_.training();
     const int64_t batch = t.batch_size();
-    const int m = t.microbatches();
-    const int64_t per_epoch = train_.size() / batch;
-    if (per_epoch == 0) {
+    per_epoch_ = train_.size() / batch;
+    if (per_epoch_ == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "training.batch_size: ", batch, " is larger than the training set (",
           train_.size(), " samples)"));
     }
-    const int64_t asked = t.steps() > 0 ? t.steps() : t.epochs() * per_epoch;
-    int64_t total = asked;
+    asked_ = t.steps() > 0 ? t.steps() : t.epochs() * per_epoch_;
+    total_ = asked_;
+    completions_.assign(asked_, 0);
+    block_steps_.assign(asked_, 0);
+    block_grads_.assign(asked_, 0);
     if (!o_.out_dir.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(o_.out_dir, ec);
@@ -87,96 +96,86 @@ class Runner {
         return absl::PermissionDeniedError(absl::StrCat(
             "--out: cannot create ", o_.out_dir, ": ", ec.message()));
       }
-      metrics_.open(o_.out_dir + "/metrics.jsonl", std::ios::trunc);
+    }
+    RETURN_IF_ERROR(SetUpCheckpoints());
+    if (!o_.out_dir.empty()) {
+      const std::string path = o_.out_dir + "/metrics.jsonl";
+      if (start_step_ > 0) {
+        // Continue the file: the steps after the checkpoint run again and
+        // are recorded again.
+        int64_t dropped = 0;
+        int64_t last_kept = -1;
+        RETURN_IF_ERROR(CutJsonLines(path, [&](int64_t step) {
+          if (step < start_step_) {
+            last_kept = std::max(last_kept, step);
+            return true;
+          }
+          ++dropped;
+          return false;
+        }));
+        acc_.microbatches_replayed += dropped * t.microbatches();
+        metrics_.open(path, std::ios::app);
+        for (const auto& line : pending_metrics_) {
+          constexpr char kStep[] = "{\"step\":";
+          const size_t comma = line.find(',');
+          int64_t step = -1;
+          if (line.rfind(kStep, 0) != 0 || comma == std::string::npos ||
+              !absl::SimpleAtoi(line.substr(8, comma - 8), &step)) {
+            continue;
+          }
+          if (step > last_kept && step < start_step_) {
+            metrics_ << line << "\n";
+          }
+        }
+      } else {
+        metrics_.open(path, std::ios::trunc);
+      }
       if (!metrics_) {
         return absl::PermissionDeniedError(
-            absl::StrCat("--out: cannot write ", o_.out_dir, "/metrics.jsonl"));
+            absl::StrCat("--out: cannot write ", path));
       }
     }
     Progress progress(
-        o_.log, o_.progress_bar, o_.quiet, asked,
+        o_.log, o_.progress_bar, o_.quiet, asked_,
         absl::StrCat(o_.progress_label.empty() ? "" : o_.progress_label + " ",
                      c_.name(), " ", ModeName(c_)));
     progress_ = &progress;
     start_ = Clock::now();
-    steps_done_.assign(k_, 0);
-    skipped_.assign(k_, 0);
-    // Micro-batches in flight. A completion comes back only after the
-    // micro-batch went down the whole chain and its reports came up again,
-    // so keeping K blocks busy in 1-way and n-way needs about 2K of them;
-    // E2E limits itself (block 0 waits for its gradient).
-    const int window = o_.window > 0 ? o_.window : 2 * k_ * m;
-    int64_t epoch = -1;
-    std::vector<int64_t> perm;
-    for (int64_t s = 0; s < asked; ++s) {
-      if (BudgetReached(s)) {
-        total = s;
-        break;
-      }
-      if (s / per_epoch != epoch) {
-        epoch = s / per_epoch;
-        perm = EpochPermutation(train_.size(), t.seed(), epoch);
-      }
-      const double lr = LearningRateAt(c_.schedule(), s, asked);
-      lrs_[s] = lr;
-      const int64_t base = (s % per_epoch) * batch;
-      const int64_t per_mb = batch / m;
-      for (int mb = 0; mb < m; ++mb) {
-        while (in_flight_ >= window) RETURN_IF_ERROR(HandleNext());
-        std::vector<int64_t> idx(perm.begin() + base + mb * per_mb,
-                                 perm.begin() + base + (mb + 1) * per_mb);
-        auto [x, y] = train_.Gather(idx);
-        if (!clock_) RETURN_IF_ERROR(StartClock(x, y, window));
-        ForwardMsg msg;
-        msg.step = s;
-        msg.mb = mb;
-        msg.lr = lr;
-        msg.input = std::move(x);
-        msg.target = std::move(y);
-        RETURN_IF_ERROR(engine_.Submit(std::move(msg)));
-        clock_->SetSubmitted(s * m + mb + 1);
-        ++in_flight_;
-        // Record finished steps as soon as they finish, so wall times and
-        // throughput are not a step late.
-        while (engine_.Ready()) RETURN_IF_ERROR(HandleNext());
-      }
-      const int64_t every = t.eval_every_steps();
-      if (every > 0 && (s + 1) % every == 0 && s + 1 < asked) {
-        // Evaluation needs an idle chain: finish step s everywhere first.
-        while (completed_ <= s || MinStepsDone() <= s) {
-          RETURN_IF_ERROR(HandleNext());
-        }
-        RETURN_IF_ERROR(EvaluateAt(s + 1));
-      }
+    if (metrics_out_) {
+      for (int b = 0; b < k_; ++b) metrics_out_->OnSkippedSteps(b, 0);
     }
-    // No more submissions: the replay may now run past the last step.
-    if (clock_) clock_->Finish();
-    while (completed_ < total || MinStepsDone() < total) {
-      RETURN_IF_ERROR(HandleNext());
-    }
-    if (clock_) clock_->Advance();
-    EmitReady();
-    if (next_emit_ < total) {
-      return absl::InternalError(absl::StrCat(
-          "virtual clock: step ", next_emit_, " did not finish in the replay"));
-    }
+    ResetTo(start_step_);
+    next_emit_ = start_step_;
+    clock_base_ = start_step_;
     TrainResult result;
-    result.steps = total;
-    result.wall_seconds = TrainElapsed();
-    result.final_losses = last_losses_;
-    result.skipped_steps = skipped_;
+    // A worker failing anywhere, the final evaluation included, is
+    // recovered from: restore, replay, and finish again.
+    for (int64_t from = start_step_;;) {
+      absl::Status s = TrainSteps(from);
+      if (s.ok()) {
+        result = TrainResult();
+        result.steps = total_;
+        result.wall_seconds = TrainElapsed();
+        result.final_losses = last_losses_;
+        result.skipped_steps.assign(k_, 0);
+        for (const auto& [step, block] : skipped_)
+          ++result.skipped_steps[block];
+        s = Finish(result);
+      }
+      if (s.ok()) break;
+      ASSIGN_OR_RETURN(from, Recover(s));
+    }
     progress.Finish();
-    RETURN_IF_ERROR(EvaluateAt(total));
-    result.eval = evals_.back().heads;
-    FillClock(result);
-    RETURN_IF_ERROR(Digests(result));
+    RETURN_IF_ERROR(CheckAccounting());
+    result.accounting = acc_;
     if (!o_.out_dir.empty()) RETURN_IF_ERROR(WriteFiles(result));
     return result;
   }
 
  private:
   double Elapsed() const {
-    return std::chrono::duration<double>(Clock::now() - start_).count();
+    return wall_offset_ +
+           std::chrono::duration<double>(Clock::now() - start_).count();
   }
   // Training time: evaluation stops the clock.
   double TrainElapsed() const { return Elapsed() - eval_seconds_; }
@@ -217,9 +216,12 @@ class Runner {
     if (o_.budget_virtual > absl::ZeroDuration() && clock_) {
       clock_->Advance();
       const int64_t f = clock_->steps_finished();
-      if (f == 0) return clock_->Now() >= Seconds(o_.budget_virtual);
+      if (f == 0) {
+        return virtual_offset_ + clock_->Now() >= Seconds(o_.budget_virtual);
+      }
       const double last = clock_->StepEnd(f - 1);
-      const double projected = last + (s + 1 - f) * (last / f);
+      const double projected =
+          virtual_offset_ + last + (s - clock_base_ + 1 - f) * (last / f);
       return projected > Seconds(o_.budget_virtual);
     }
     return false;
@@ -236,13 +238,16 @@ class Runner {
 
   // Virtual times of the evaluation points and the run's clock summary.
   void FillClock(TrainResult& r) {
-    r.mean_step_wall =
-        r.steps > 1 ? (last_wall_ - first_wall_) / (r.steps - 1) : first_wall_;
-    if (clock_ && r.steps > 0) {
-      const double end = clock_->StepEnd(r.steps - 1);
-      r.virtual_seconds = end;
-      r.mean_step_virtual =
-          r.steps > 1 ? (end - clock_->StepEnd(0)) / (r.steps - 1) : end;
+    const int64_t trained = r.steps - clock_base_;
+    r.mean_step_wall = trained > 1 ? (last_wall_ - first_wall_) / (trained - 1)
+                                   : last_wall_ - wall_offset_;
+    r.virtual_seconds = virtual_offset_;
+    if (clock_ && r.steps > clock_base_) {
+      // Means and busy ratios are of the part this process replayed.
+      const int64_t n = r.steps - clock_base_;
+      const double end = clock_->StepEnd(n - 1);
+      r.virtual_seconds = virtual_offset_ + end;
+      r.mean_step_virtual = n > 1 ? (end - clock_->StepEnd(0)) / (n - 1) : end;
       double busy = 0;
       for (int k = 0; k < k_; ++k) {
         busy += clock_->Busy(k);
@@ -251,8 +256,8 @@ class Runner {
       r.utilisation = end > 0 ? busy / (k_ * end) : 0.0;
     }
     for (auto& e : evals_) {
-      if (clock_ && e.step > 0 && e.step <= clock_->steps_finished()) {
-        e.virtual_seconds = clock_->StepEnd(e.step - 1);
+      if (e.step > clock_base_ && e.step <= ClockFinished()) {
+        e.virtual_seconds = VirtualEnd(e.step - 1);
       }
     }
     r.evals = evals_;
@@ -260,14 +265,389 @@ class Runner {
 
   // Step records wait for the replay to place the step on the virtual clock.
   void EmitReady() {
-    while (next_emit_ < completed_ && clock_ &&
-           next_emit_ < clock_->steps_finished()) {
+    while (next_emit_ < completed_ && next_emit_ < ClockFinished()) {
       auto it = steps_.find(next_emit_);
       EmitStep(next_emit_, it->second);
       steps_.erase(it);
       ++next_emit_;
     }
   }
+  // Submits steps [from, total), with evaluations and checkpoints at their
+  // step boundaries, and waits until every block has stepped all of them.
+  absl::Status TrainSteps(int64_t from) {
+    const auto& t = c_.training();
+    const int64_t batch = t.batch_size();
+    const int m = t.microbatches();
+    // Micro-batches in flight. A completion comes back only after the
+    // micro-batch went down the whole chain and its reports came up again,
+    // so keeping K blocks busy in 1-way and n-way needs about 2K of them;
+    // E2E limits itself (block 0 waits for its gradient).
+    const int window = o_.window > 0 ? o_.window : 2 * k_ * m;
+    int64_t epoch = -1;
+    std::vector<int64_t> perm;
+    for (int64_t s = from; s < total_; ++s) {
+      if (o_.stop_requested != nullptr && o_.stop_requested->load()) {
+        return Stop(s);
+      }
+      if (BudgetReached(s)) {
+        total_ = s;
+        break;
+      }
+      if (s / per_epoch_ != epoch) {
+        epoch = s / per_epoch_;
+        perm = EpochPermutation(train_.size(), t.seed(), epoch);
+      }
+      const double lr = LearningRateAt(c_.schedule(), s, asked_);
+      lrs_[s] = lr;
+      const int64_t base = (s % per_epoch_) * batch;
+      const int64_t per_mb = batch / m;
+      for (int mb = 0; mb < m; ++mb) {
+        while (in_flight_ >= window) RETURN_IF_ERROR(HandleNext());
+        std::vector<int64_t> idx(perm.begin() + base + mb * per_mb,
+                                 perm.begin() + base + (mb + 1) * per_mb);
+        auto [x, y] = train_.Gather(idx);
+        if (!clock_) RETURN_IF_ERROR(StartClock(x, y, window));
+        ForwardMsg msg;
+        msg.step = s;
+        msg.mb = mb;
+        msg.lr = lr;
+        msg.input = std::move(x);
+        msg.target = std::move(y);
+        RETURN_IF_ERROR(engine_.Submit(std::move(msg)));
+        // A replay after a recovery submits again what the clock knows.
+        const int64_t count = (s - clock_base_) * m + mb + 1;
+        if (count > clock_submitted_) {
+          clock_->SetSubmitted(count);
+          clock_submitted_ = count;
+        }
+        ++in_flight_;
+        // Record finished steps as soon as they finish, so wall times and
+        // throughput are not a step late.
+        while (engine_.Ready()) RETURN_IF_ERROR(HandleNext());
+      }
+      const int64_t every = t.eval_every_steps();
+      const bool eval_due = every > 0 && (s + 1) % every == 0 &&
+                            s + 1 < asked_ &&
+                            (evals_.empty() || evals_.back().step <= s);
+      const bool checkpoint_due = checkpoints_ && o_.checkpoint_every > 0 &&
+                                  (s + 1) % o_.checkpoint_every == 0;
+      // Both need an idle chain: finish step s everywhere first.
+      if (eval_due || checkpoint_due) RETURN_IF_ERROR(DrainThrough(s));
+      if (eval_due) RETURN_IF_ERROR(EvaluateAt(s + 1));
+      if (checkpoint_due) RETURN_IF_ERROR(TakeCheckpoint(s + 1).status());
+    }
+    // No more submissions: the replay may now run past the last step.
+    if (clock_) clock_->Finish();
+    RETURN_IF_ERROR(DrainThrough(total_ - 1));
+    if (clock_) clock_->Advance();
+    EmitReady();
+    if (next_emit_ < total_) {
+      return absl::InternalError(absl::StrCat(
+          "virtual clock: step ", next_emit_, " did not finish in the replay"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The final evaluation, the virtual clock's summary and the digests.
+  absl::Status Finish(TrainResult& result) {
+    if (evals_.empty() || evals_.back().step != total_) {
+      RETURN_IF_ERROR(EvaluateAt(total_));
+    }
+    result.eval = evals_.back().heads;
+    FillClock(result);
+    return Digests(result);
+  }
+
+  // Waits until step s completed and every block has stepped it.
+  absl::Status DrainThrough(int64_t s) {
+    while (completed_ <= s || MinStepsDone() <= s) {
+      RETURN_IF_ERROR(HandleNext());
+    }
+    return absl::OkStatus();
+  }
+
+  // A stop request: checkpoint at this step boundary and end the run.
+  absl::Status Stop(int64_t s) {
+    if (!checkpoints_ && !checkpoint_dir_.empty()) {
+      ASSIGN_OR_RETURN(
+          checkpoints_,
+          RunCheckpoints::Open(checkpoint_dir_, o_.keep_checkpoints, o_.log));
+    }
+    if (!checkpoints_) {
+      return absl::CancelledError(
+          absl::StrCat("stopped at step ", s, " (no checkpoint folder)"));
+    }
+    RETURN_IF_ERROR(DrainThrough(s - 1));
+    // Nothing more is submitted: the clock can place every step, and all of
+    // them are recorded before the checkpoint.
+    if (clock_) {
+      clock_->Finish();
+      clock_->Advance();
+      EmitReady();
+    }
+    ASSIGN_OR_RETURN(const std::string dir, TakeCheckpoint(s));
+    return absl::CancelledError(
+        absl::StrCat("stopped at step ", s, "; checkpoint ", dir,
+                     " (run again with the same --out to resume)"));
+  }
+
+  absl::Status SetUpCheckpoints() {
+    std::string dir = o_.checkpoint_dir;
+    if (dir.empty() && !o_.out_dir.empty()) dir = o_.out_dir + "/checkpoints";
+    if (dir.empty() && !o_.resume.empty()) {
+      // The folder the resumed checkpoint lives in.
+      std::error_code ec;
+      const auto r = std::filesystem::weakly_canonical(o_.resume, ec);
+      dir = std::filesystem::exists(r / "manifest.pbtxt", ec)
+                ? r.parent_path().string()
+                : r.string();
+    }
+    if (dir.empty()) {
+      if (o_.checkpoint_every > 0 || !o_.resume.empty()) {
+        return absl::InvalidArgumentError(
+            "--checkpoint-every needs --out or --checkpoint-dir");
+      }
+      return absl::OkStatus();
+    }
+    checkpoint_dir_ = dir;
+    std::error_code ec;
+    if (o_.checkpoint_every == 0 && o_.resume.empty() &&
+        !std::filesystem::exists(dir, ec)) {
+      return absl::OkStatus();  // opened if a stop request needs it
+    }
+    ASSIGN_OR_RETURN(checkpoints_,
+                     RunCheckpoints::Open(dir, o_.keep_checkpoints, o_.log));
+    ASSIGN_OR_RETURN(std::optional<Checkpoint> c,
+                     checkpoints_->FindResume(o_.resume));
+    if (!c) return absl::OkStatus();
+    const auto& mf = c->manifest;
+    RETURN_IF_ERROR(CheckSameRun(mf, c_, c->dir));
+    if (mf.num_blocks() != k_ || mf.total_steps() != asked_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", c->dir, " is of a run of ",
+                       mf.num_blocks(), " blocks and ", mf.total_steps(),
+                       " steps; this run has ", k_, " and ", asked_));
+    }
+    const int m = c_.training().microbatches();
+    if (mf.microbatches_applied() != mf.step() * m) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", c->dir, ": ", mf.microbatches_applied(),
+          " micro-batches applied in ", mf.step(), " steps of ", m));
+    }
+    RETURN_IF_ERROR(Restore(engine_, *c));
+    start_step_ = mf.step();
+    pending_metrics_.assign(mf.pending_metrics().begin(),
+                            mf.pending_metrics().end());
+    wall_offset_ = mf.wall_seconds();
+    virtual_offset_ = mf.virtual_seconds();
+    acc_.resumed_from_step = start_step_;
+    acc_.recoveries = mf.recoveries();
+    for (int64_t s = 0; s < start_step_; ++s) {
+      completions_[s] = m;
+      block_steps_[s] = k_;
+      block_grads_[s] = int64_t{k_} * m;
+    }
+    evals_.clear();
+    for (const auto& e : mf.evals()) {
+      if (evals_.empty() || evals_.back().step != e.step()) {
+        evals_.push_back(
+            EvalPoint{e.step(), e.wall_seconds(), e.virtual_seconds(), {}});
+      }
+      HeadResult h;
+      h.block = e.block();
+      h.final = e.final();
+      h.loss = e.loss();
+      h.accuracy = e.accuracy();
+      h.perplexity = e.perplexity();
+      evals_.back().heads.push_back(h);
+    }
+    *o_.log << "interlock: resuming from " << c->dir << " (step " << start_step_
+            << " of " << asked_ << ")\n";
+    return absl::OkStatus();
+  }
+
+  // Checkpoint of `steps` completed steps (the chain is idle).
+  absl::StatusOr<std::string> TakeCheckpoint(int64_t steps) {
+    const auto t0 = Clock::now();
+    const auto& t = c_.training();
+    for (int64_t s = 0; s < steps; ++s) {
+      if (!AppliedOnce(s)) {
+        return absl::InternalError(
+            absl::StrCat("checkpoint at step ", steps, ": step ", s,
+                         " was not applied exactly once"));
+      }
+    }
+    interlock::v1::CheckpointManifest mf;
+    *mf.mutable_config() = c_;
+    mf.set_step(steps);
+    mf.set_total_steps(asked_);
+    mf.mutable_cursor()->set_seed(t.seed());
+    mf.mutable_cursor()->set_epoch(steps / per_epoch_);
+    mf.mutable_cursor()->set_offset((steps % per_epoch_) * t.batch_size());
+    mf.set_wall_seconds(TrainElapsed());
+    if (clock_) clock_->Advance();
+    mf.set_virtual_seconds(steps > 0 ? VirtualEnd(steps - 1) : 0.0);
+    mf.set_microbatches_applied(steps * t.microbatches());
+    mf.set_recoveries(acc_.recoveries);
+    for (auto& e : evals_) {
+      if (e.step > steps) continue;
+      if (e.virtual_seconds == 0.0 && e.step > 0) {
+        e.virtual_seconds = VirtualEnd(e.step - 1);
+      }
+      for (const auto& h : e.heads) {
+        auto* r = mf.add_evals();
+        r->set_step(e.step);
+        r->set_block(h.block);
+        r->set_final(h.final);
+        r->set_loss(h.loss);
+        r->set_accuracy(h.accuracy);
+        r->set_perplexity(h.perplexity);
+        r->set_wall_seconds(e.wall_seconds);
+        r->set_virtual_seconds(e.virtual_seconds);
+      }
+    }
+    // Steps done but not yet placed on the virtual clock (it runs up to two
+    // steps behind) are kept as records without a virtual time, so that a
+    // resumed run's metrics.jsonl has every step.
+    for (int64_t s = next_emit_; s < steps; ++s) {
+      auto it = steps_.find(s);
+      if (it == steps_.end()) continue;
+      mf.add_pending_metrics(MetricsLine(s, it->second, kNaN));
+    }
+    ASSIGN_OR_RETURN(std::string dir, checkpoints_->Take(engine_, mf));
+    ++acc_.checkpoints;
+    if (metrics_out_) {
+      metrics_out_->OnCheckpoint(
+          steps, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    // Replays never go back before this checkpoint.
+    fed_.erase(fed_.begin(),
+               fed_.lower_bound({steps, std::numeric_limits<int>::min()}));
+    return dir;
+  }
+
+  static bool Transient(const absl::Status& s) {
+    const auto code = s.code();
+    return code == absl::StatusCode::kUnavailable ||
+           code == absl::StatusCode::kAborted ||
+           code == absl::StatusCode::kDeadlineExceeded ||
+           code == absl::StatusCode::kCancelled ||
+           code == absl::StatusCode::kUnknown;
+  }
+
+  // After a failure: wait for the workers, restore the newest checkpoint
+  // (or the initial state) and return the step to continue from. A worker
+  // failing again meanwhile restarts the attempt, within the same deadline.
+  absl::StatusOr<int64_t> Recover(const absl::Status& failure) {
+    if (!Transient(failure) || o_.recover_timeout <= absl::ZeroDuration() ||
+        (o_.stop_requested != nullptr && o_.stop_requested->load())) {
+      return failure;
+    }
+    constexpr int kMaxWithoutProgress = 10;
+    if (++recoveries_without_progress_ > kMaxWithoutProgress) {
+      return absl::Status(
+          failure.code(),
+          absl::StrCat(failure.message(), " (", kMaxWithoutProgress,
+                       " recoveries in a row made no progress)"));
+    }
+    *o_.log << "\ninterlock: " << failure.message()
+            << "; recovering (waiting up to "
+            << absl::FormatDuration(o_.recover_timeout)
+            << " for every worker)\n";
+    const absl::Time deadline = absl::Now() + o_.recover_timeout;
+    int64_t from = 0;
+    for (;;) {
+      // Attempts are bounded so that a worker dying again, or a call stuck
+      // on a dead one, is retried (the dead restarted) within the deadline.
+      absl::Status s =
+          engine_.Recover(std::min(deadline - absl::Now(), kRecoverAttempt));
+      if (s.code() == absl::StatusCode::kUnimplemented) return failure;
+      from = 0;
+      if (s.ok() && checkpoints_) {
+        auto c = checkpoints_->FindResume("");
+        if (!c.ok()) return c.status();
+        if (*c) {
+          s = CheckSameRun((*c)->manifest, c_, (*c)->dir);
+          if (s.ok()) s = Restore(engine_, **c);
+          from = (*c)->manifest.step();
+        }
+      }
+      if (s.ok()) break;
+      if (!Transient(s) || absl::Now() >= deadline) {
+        return absl::Status(
+            s.code(),
+            absl::StrCat("recovery failed within ",
+                         absl::FormatDuration(o_.recover_timeout), ": ",
+                         s.message(), " (after: ", failure.message(), ")"));
+      }
+      *o_.log << "interlock: recovery interrupted (" << s.message()
+              << "); trying again\n";
+    }
+    ++acc_.recoveries;
+    if (metrics_out_) metrics_out_->OnRecovery();
+    *o_.log << "interlock: recovered; replaying from step " << from << "\n";
+    ResetTo(from);
+    return from;
+  }
+
+  // The chain restarts at step `from`: forget everything in flight and the
+  // accounting of the steps that run again. Steps already recorded in
+  // metrics.jsonl stay recorded (next_emit_ is kept); the replay computes
+  // the same values.
+  void ResetTo(int64_t from) {
+    for (int64_t s = from; s < asked_; ++s) {
+      acc_.microbatches_replayed += completions_[s];
+      completions_[s] = 0;
+      block_steps_[s] = 0;
+      block_grads_[s] = 0;
+    }
+    in_flight_ = 0;
+    // Records of steps before `from` that wait for the virtual clock stay.
+    steps_.erase(steps_.lower_bound(from), steps_.end());
+    completed_ = from;
+    steps_done_.assign(k_, from);
+  }
+
+  bool AppliedOnce(int64_t s) const {
+    const int m = c_.training().microbatches();
+    return completions_[s] == m && block_steps_[s] == k_ &&
+           block_grads_[s] == int64_t{k_} * m;
+  }
+
+  absl::Status CheckAccounting() {
+    const int m = c_.training().microbatches();
+    acc_.microbatches_per_step = m;
+    acc_.microbatches_applied = 0;
+    acc_.block_steps = 0;
+    acc_.steps_not_exactly_once.clear();
+    for (int64_t s = 0; s < total_; ++s) {
+      acc_.microbatches_applied += completions_[s];
+      acc_.block_steps += block_steps_[s];
+      if (!AppliedOnce(s)) acc_.steps_not_exactly_once.push_back(s);
+    }
+    if (!acc_.steps_not_exactly_once.empty()) {
+      return absl::InternalError(
+          absl::StrCat(acc_.steps_not_exactly_once.size(),
+                       " steps were not applied exactly once, the first ",
+                       acc_.steps_not_exactly_once.front()));
+    }
+    return absl::OkStatus();
+  }
+
+  // The virtual clock replays the part of the run this process trained
+  // (from clock_base_ on); a resumed run continues the checkpoint's time.
+  // A step the replay has not placed yet reads as the replay's time so far
+  // (a lower bound).
+  double VirtualEnd(int64_t s) const {
+    if (!clock_ || s < clock_base_) return virtual_offset_;
+    const int64_t i = s - clock_base_;
+    if (i >= clock_->steps_finished()) return virtual_offset_ + clock_->Now();
+    return virtual_offset_ + clock_->StepEnd(i);
+  }
+  int64_t ClockFinished() const {
+    return clock_ ? clock_base_ + clock_->steps_finished() : clock_base_;
+  }
+
   int64_t MinStepsDone() const {
     int64_t m = std::numeric_limits<int64_t>::max();
     for (int64_t v : steps_done_) m = std::min(m, v);
@@ -277,20 +657,38 @@ class Runner {
   absl::Status HandleNext() {
     ASSIGN_OR_RETURN(EngineEvent e, engine_.Next());
     if (auto* d = std::get_if<StepDone>(&e)) {
-      if (d->block < 0 || d->block >= k_) {
-        return absl::InternalError("step report from an unknown block");
+      if (d->block < 0 || d->block >= k_ || d->step < clock_base_ ||
+          d->step >= asked_) {
+        return absl::InternalError(absl::StrCat("step report of step ", d->step,
+                                                " from block ", d->block));
       }
       ++steps_done_[d->block];
-      if (d->skipped) {
-        ++skipped_[d->block];
-        if (metrics_out_) metrics_out_->OnSkippedStep(d->block);
+      ++block_steps_[d->step];
+      block_grads_[d->step] += d->microbatches;
+      // A replay after a recovery skips the same steps again (it is
+      // deterministic): count each once.
+      if (d->skipped && skipped_.insert({d->step, d->block}).second &&
+          metrics_out_) {
+        metrics_out_->OnSkippedSteps(d->block, 1);
       }
-      clock_->SetOptimizer(d->step, d->block, d->timing.seconds);
+      // A replayed step's durations are on the clock already.
+      if (fed_.insert({d->step, -1 - d->block}).second) {
+        clock_->SetOptimizer(d->step - clock_base_, d->block,
+                             d->timing.seconds);
+      }
       clock_->Advance();
       EmitReady();
       return absl::OkStatus();
     }
+    if (std::get_if<DuplicateAck>(&e)) {
+      ++acc_.duplicates_acknowledged;
+      return absl::OkStatus();
+    }
     auto& up = std::get<UpwardMsg>(e);
+    if (up.step < clock_base_ || up.step >= asked_) {
+      return absl::InternalError(absl::StrCat("completion of step ", up.step));
+    }
+    ++completions_[up.step];
     --in_flight_;
     StepAgg& agg = steps_[up.step];
     if (agg.loss_sum.empty()) {
@@ -311,15 +709,24 @@ class Runner {
       if (t.phase == Phase::kBackward) d[t.block].backward += t.seconds;
       if (t.phase == Phase::kInputGrad) d[t.block].input_grad += t.seconds;
     }
-    clock_->SetMicrobatch(up.step, up.mb, std::move(d));
+    if (fed_.insert({up.step, up.mb}).second) {
+      clock_->SetMicrobatch(up.step - clock_base_, up.mb, std::move(d));
+    }
     // Steps are recorded in order even if completions interleave.
     const int m = c_.training().microbatches();
     for (auto it = steps_.find(completed_);
          it != steps_.end() && it->second.done == m;
          it = steps_.find(completed_)) {
-      it->second.wall = TrainElapsed();
-      if (completed_ == 0) first_wall_ = it->second.wall;
-      last_wall_ = it->second.wall;
+      if (completed_ < next_emit_) {
+        // Replayed after a recovery: recorded already.
+        steps_.erase(it);
+        lrs_.erase(completed_);
+      } else {
+        it->second.wall = TrainElapsed();
+        if (completed_ == clock_base_) first_wall_ = it->second.wall;
+        last_wall_ = it->second.wall;
+        recoveries_without_progress_ = 0;
+      }
       ++completed_;
     }
     clock_->Advance();
@@ -327,26 +734,40 @@ class Runner {
     return absl::OkStatus();
   }
 
-  void EmitStep(int64_t s, const StepAgg& agg) {
+  std::vector<double> MeanLosses(const StepAgg& agg) const {
     std::vector<double> losses(k_, kNaN);
     for (int k = 0; k < k_; ++k) {
       if (agg.loss_n[k] > 0) losses[k] = agg.loss_sum[k] / agg.loss_n[k];
     }
+    return losses;
+  }
+
+  // One line of metrics.jsonl (no newline).
+  std::string MetricsLine(int64_t s, const StepAgg& agg, double virt) {
+    const double samples =
+        static_cast<double>(c_.training().batch_size()) * (s + 1);
+    const double sps = agg.wall > 0 ? samples / agg.wall : 0.0;
+    std::vector<std::string> ls;
+    for (double l : MeanLosses(agg)) ls.push_back(JsonNumber(l));
+    return absl::StrCat(
+        "{\"step\":", s, ",\"wall_seconds\":", JsonNumber(agg.wall),
+        ",\"virtual_seconds\":", JsonNumber(virt),
+        ",\"lr\":", JsonNumber(lrs_[s]), ",\"loss\":[", absl::StrJoin(ls, ","),
+        "],\"samples_per_second\":", JsonNumber(sps), "}");
+  }
+
+  void EmitStep(int64_t s, const StepAgg& agg) {
+    const std::vector<double> losses = MeanLosses(agg);
     last_losses_ = losses;
     const double wall = agg.wall;
-    const double virt = clock_->StepEnd(s);
-    const double prev_virt = s > 0 ? clock_->StepEnd(s - 1) : 0.0;
+    const double virt = VirtualEnd(s);
+    const double prev_virt =
+        s > clock_base_ ? VirtualEnd(s - 1) : virtual_offset_;
     const double samples =
         static_cast<double>(c_.training().batch_size()) * (s + 1);
     const double sps = wall > 0 ? samples / wall : 0.0;
     if (metrics_.is_open()) {
-      std::vector<std::string> ls;
-      for (double l : losses) ls.push_back(JsonNumber(l));
-      metrics_ << "{\"step\":" << s << ",\"wall_seconds\":" << JsonNumber(wall)
-               << ",\"virtual_seconds\":" << JsonNumber(virt)
-               << ",\"lr\":" << JsonNumber(lrs_[s]) << ",\"loss\":["
-               << absl::StrJoin(ls, ",")
-               << "],\"samples_per_second\":" << JsonNumber(sps) << "}\n";
+      metrics_ << MetricsLine(s, agg, virt) << "\n";
       metrics_.flush();
     }
     lrs_.erase(s);
@@ -356,8 +777,9 @@ class Runner {
       for (int k = 0; k < k_; ++k) {
         busy[k] = clock_->Now() > 0 ? clock_->Busy(k) / clock_->Now() : 0.0;
       }
-      metrics_out_->OnStepTimes(wall - prev_wall_, virt, virt - prev_virt,
-                                busy);
+      metrics_out_->OnStepTimes(
+          wall - (s > clock_base_ ? prev_wall_ : wall_offset_), virt,
+          virt - prev_virt, busy);
     }
     prev_wall_ = wall;
     progress_->Update(s + 1, losses, sps, wall);
@@ -476,7 +898,20 @@ class Runner {
          << ", \"params\": " << JsonString(r.block_digests[k])
          << ", \"head\": " << JsonString(r.head_digests[k]) << "}";
     }
-    sm << "],\n  \"digest\": " << JsonString(r.digest) << "\n}\n";
+    const Accounting& a = r.accounting;
+    std::vector<std::string> bad;
+    for (int64_t s : a.steps_not_exactly_once) bad.push_back(absl::StrCat(s));
+    sm << "],\n  \"digest\": " << JsonString(r.digest)
+       << ",\n  \"accounting\": {\"microbatches_per_step\": "
+       << a.microbatches_per_step
+       << ", \"microbatches_applied\": " << a.microbatches_applied
+       << ", \"block_steps\": " << a.block_steps
+       << ", \"steps_not_exactly_once\": [" << absl::StrJoin(bad, ", ")
+       << "], \"recoveries\": " << a.recoveries
+       << ", \"microbatches_replayed\": " << a.microbatches_replayed
+       << ", \"duplicates_acknowledged\": " << a.duplicates_acknowledged
+       << ", \"resumed_from_step\": " << a.resumed_from_step
+       << ", \"checkpoints\": " << a.checkpoints << "}\n}\n";
     sm.close();
     if (!ev || !sm) {
       return absl::DataLossError(
@@ -486,7 +921,7 @@ class Runner {
     std::filesystem::rename(o_.out_dir + "/summary.json.tmp",
                             o_.out_dir + "/summary.json", ec);
     if (ec) return absl::DataLossError(ec.message());
-    if (!clock_ || r.steps == 0) return absl::OkStatus();
+    if (!clock_ || r.steps <= clock_base_) return absl::OkStatus();
     RunInfo info;
     info.name = c_.name();
     info.mode = ModeName(c_);
@@ -494,7 +929,7 @@ class Runner {
     info.n = t.n();
     info.sum_rule = t.rule() == TrainingSpec::SUM;
     info.batch_size = t.batch_size();
-    info.steps = r.steps;
+    info.steps = r.steps - clock_base_;
     info.mean_step_wall = r.mean_step_wall;
     info.mean_step_virtual = r.mean_step_virtual;
     RETURN_IF_ERROR(WriteProfile(*clock_, info, o_.out_dir + "/profile.json"));
@@ -513,17 +948,44 @@ class Runner {
   Progress* progress_ = nullptr;
   Clock::time_point start_;
   std::ofstream metrics_;
+  int64_t per_epoch_ = 0;
+  int64_t asked_ = 0;  // steps the config asks for
+  int64_t total_ = 0;  // steps run (fewer when a budget stops the run)
   int in_flight_ = 0;
   int64_t completed_ = 0;  // steps whose micro-batches all completed
   int64_t next_emit_ = 0;  // steps recorded (placed on the virtual clock)
   std::unique_ptr<PipelineSim> clock_;
+  // The clock replays steps from clock_base_ (the step resumed from) on,
+  // numbered from 0, after virtual_offset_ seconds of the earlier run.
+  int64_t clock_base_ = 0;
+  double virtual_offset_ = 0.0;
+  int64_t clock_submitted_ = 0;
+  // (step, micro-batch) and (step, -1 - block) whose durations the clock
+  // has: a replay after a recovery does not give them twice.
+  std::set<std::pair<int64_t, int>> fed_;
+  // Checkpoints (null without a checkpoint folder), where the run started
+  // and the training time before it.
+  std::unique_ptr<RunCheckpoints> checkpoints_;
+  std::string checkpoint_dir_;
+  int64_t start_step_ = 0;
+  std::vector<std::string> pending_metrics_;  // from the checkpoint
+  double wall_offset_ = 0.0;
+  int recoveries_without_progress_ = 0;
+  // Exactly-once accounting, per step of the surviving history:
+  // completions, block optimizer steps and block gradients applied.
+  std::vector<int> completions_;
+  std::vector<int> block_steps_;
+  std::vector<int64_t> block_grads_;
+  Accounting acc_;
   double eval_seconds_ = 0.0;
   double first_wall_ = 0.0, last_wall_ = 0.0, prev_wall_ = 0.0;
   std::vector<EvalPoint> evals_;
   std::map<int64_t, StepAgg> steps_;
   std::map<int64_t, double> lrs_;
   std::vector<int64_t> steps_done_;
-  std::vector<int64_t> skipped_;
+  // (step, block) whose update the block skipped (nonfinite_policy); steps
+  // before a resumed checkpoint are not included.
+  std::set<std::pair<int64_t, int>> skipped_;
   std::vector<double> last_losses_;
 };
 
@@ -552,6 +1014,11 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
     co.connect_timeout = options.connect_timeout;
     ASSIGN_OR_RETURN(co.security, LoadTransportSecurity(options.security,
                                                         /*server=*/false));
+    if (metrics) {
+      co.on_worker_state = [m = metrics.get()](int block, bool up) {
+        m->SetWorkerUp(block, up);
+      };
+    }
     if (co.workers.empty()) {
       ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
       ASSIGN_OR_RETURN(
@@ -559,9 +1026,18 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
                      k,
                      options.worker_binary.empty() ? DefaultWorkerBinary()
                                                    : options.worker_binary,
-                     absl::Seconds(30), SecurityFlags(options.security)));
+                     absl::Seconds(120), SecurityFlags(options.security)));
       if (options.on_cluster) options.on_cluster(local.get());
       co.workers = local->addresses();
+      // Like a restartPolicy: a dead worker is started again on its port.
+      co.revive = [l = local.get(), log = options.log] {
+        auto n = l->ReviveDead();
+        if (!n.ok()) {
+          *log << "interlock: restarting workers: " << n.status() << "\n";
+        } else if (*n > 0) {
+          *log << "interlock: restarted " << *n << " worker(s)\n";
+        }
+      };
     }
     auto made = MakeClusterEngine(config, data.shape, co);
     if (!made.ok()) {

@@ -4,6 +4,7 @@
 #ifndef INTERLOCK_COORDINATOR_TRAIN_H_
 #define INTERLOCK_COORDINATOR_TRAIN_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <iostream>
@@ -60,6 +61,44 @@ struct TrainOptions {
   // Receives the local cluster while it runs (nullptr once stopped), so a
   // signal handler can stop it.
   std::function<void(LocalCluster*)> on_cluster;
+
+  // Checkpoints (docs/RELIABILITY.md): every this many steps (0: none but
+  // the one a stop request takes), in `checkpoint_dir` (empty:
+  // OUT/checkpoints; no checkpoints without either), keeping the newest
+  // `keep_checkpoints`.
+  int64_t checkpoint_every = 0;
+  std::string checkpoint_dir;
+  int keep_checkpoints = 3;
+  // Resume from this checkpoint (or folder of checkpoints). Without it a run
+  // resumes from the newest checkpoint in its checkpoint folder, if any.
+  std::string resume;
+  // Cluster: how long a failed run waits for its workers to be reachable
+  // again before it restores the last checkpoint and replays (zero: a
+  // failure ends the run).
+  absl::Duration recover_timeout = absl::Seconds(120);
+  // When set (a signal handler), the run takes a checkpoint at the next
+  // step boundary and stops with CANCELLED.
+  const std::atomic<bool>* stop_requested = nullptr;
+};
+
+// Exactly-once accounting of the run, written to summary.json: every step
+// of the surviving history applied M micro-batch gradients on every block.
+struct Accounting {
+  int64_t microbatches_per_step = 0;  // M
+  // Completions (micro-batches finished by every block) and optimizer steps
+  // of the run's final history, over all steps (restored ones included).
+  int64_t microbatches_applied = 0;
+  int64_t block_steps = 0;
+  // Steps whose completions or block gradients were not exactly M (each
+  // is an error; listed for the report).
+  std::vector<int64_t> steps_not_exactly_once;
+  int64_t recoveries = 0;
+  // Micro-batches run again after a restore (their first run was undone).
+  int64_t microbatches_replayed = 0;
+  // Repeats a worker acknowledged without applying them.
+  int64_t duplicates_acknowledged = 0;
+  int64_t resumed_from_step = -1;  // -1: not resumed
+  int64_t checkpoints = 0;
 };
 
 struct HeadResult {
@@ -98,6 +137,7 @@ struct TrainResult {
   std::vector<double> final_losses;       // last step, per block (NaN: none)
   // Per block: steps whose update it skipped (training.nonfinite_policy).
   std::vector<int64_t> skipped_steps;
+  Accounting accounting;
 };
 
 // Loads the data, builds the in-process engine and trains.

@@ -37,6 +37,35 @@ absl::Status BlockDriver::OnForward(ForwardMsg msg) {
   return Drain();
 }
 
+bool BlockDriver::Seen(int64_t step, int mb) const {
+  return step < step_ || (step == step_ && mb < forwarded_) ||
+         forward_queue_.count({step, mb}) > 0;
+}
+
+bool BlockDriver::Idle() const {
+  return forwarded_ == 0 && backwarded_ == 0 && forward_queue_.empty() &&
+         states_.empty();
+}
+
+absl::StatusOr<std::string> BlockDriver::SaveState() const {
+  if (!Idle()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", trainer_->options().block,
+        ": cannot save state with micro-batches in flight (step ", step_, ")"));
+  }
+  return trainer_->SaveState(step_);
+}
+
+absl::Status BlockDriver::LoadState(const std::string& archive, int64_t step) {
+  if (!Idle()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block ", trainer_->options().block,
+                     ": cannot load state with micro-batches in flight"));
+  }
+  ASSIGN_OR_RETURN(step_, trainer_->LoadState(archive, step));
+  return absl::OkStatus();
+}
+
 absl::Status BlockDriver::OnUpward(UpwardMsg msg) {
   const int k = trainer_->options().block;
   const auto key = std::make_pair(msg.step, msg.mb);
@@ -131,7 +160,8 @@ absl::Status BlockDriver::Drain() {
       forwarded_ = backwarded_ = 0;
       if (cb_.step_done) {
         cb_.step_done({trainer_->options().block, done, t,
-                       trainer_->last_step_skipped()});
+                       trainer_->last_step_skipped(),
+                       trainer_->last_applied()});
       }
       progress = true;
     }

@@ -51,6 +51,7 @@ struct StepDone {
   int64_t step = 0;
   OpTiming timing;
   bool skipped = false;  // the update was skipped (non-finite values)
+  int microbatches = 0;  // micro-batch gradients the step applied
 };
 
 class BlockDriver {
@@ -69,6 +70,19 @@ class BlockDriver {
   // driver's state is unchanged then.
   absl::Status OnForward(ForwardMsg msg);
   absl::Status OnUpward(UpwardMsg msg);
+
+  // Whether a forward of (step, mb) was already received (run or queued):
+  // a repeat must be acknowledged, not applied again.
+  bool Seen(int64_t step, int mb) const;
+  // No micro-batch in flight or queued: a step boundary.
+  bool Idle() const;
+
+  // The block's training state at the current step boundary (a LibTorch
+  // archive), and its restoration; both need Idle().
+  absl::StatusOr<std::string> SaveState() const;
+  // The block continues from the archive's step (which must be `step`
+  // unless that is -1).
+  absl::Status LoadState(const std::string& archive, int64_t step = -1);
 
   BlockTrainer& trainer() { return *trainer_; }
   int64_t current_step() const { return step_; }

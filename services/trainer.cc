@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "services/status_macros.h"
@@ -85,9 +86,18 @@ TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
   return o;
 }
 
-BlockTrainer::BlockTrainer(TrainerOptions options, BlockModules modules)
-    : options_(options), modules_(std::move(modules)) {
+BlockTrainer::BlockTrainer(TrainerOptions options, BlockModules modules,
+                           interlock::v1::OptimizerSpec optimizer)
+    : options_(options),
+      modules_(std::move(modules)),
+      optimizer_spec_(std::move(optimizer)) {
   block_params_ = ParamsOf(modules_.block);
+}
+
+std::vector<torch::Tensor> BlockTrainer::TrainedParams() const {
+  std::vector<torch::Tensor> params = block_params_;
+  for (auto& p : ParamsOf(modules_.head)) params.push_back(p);
+  return params;
 }
 
 absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::Create(
@@ -111,10 +121,9 @@ absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::FromModules(
         absl::StrCat("block ", options.block, " needs an auxiliary head"));
   }
   std::unique_ptr<BlockTrainer> t(
-      new BlockTrainer(options, std::move(modules)));
-  std::vector<torch::Tensor> params = t->block_params_;
-  for (auto& p : ParamsOf(t->modules_.head)) params.push_back(p);
-  ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(optimizer, params));
+      new BlockTrainer(options, std::move(modules), optimizer));
+  ASSIGN_OR_RETURN(t->optimizer_,
+                   Optimizer::Create(optimizer, t->TrainedParams()));
   t->modules_.block->train();
   if (t->modules_.head) t->modules_.head->train();
   return t;
@@ -339,6 +348,7 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
           CheckUpstream(mb, SharedEntry(), bad[SharedEntry()], r.shared));
     }
     r.timings.push_back({options_.block, Phase::kBackward, SecondsSince(t0)});
+    ++accumulated_;
     return r;
   });
 }
@@ -369,6 +379,8 @@ absl::StatusOr<OpTiming> BlockTrainer::Step(double lr) {
     skip_step_ = false;
     if (!last_step_skipped_) optimizer_->Step(lr);
     optimizer_->ZeroGrad();
+    last_applied_ = accumulated_;
+    accumulated_ = 0;
     return OpTiming{options_.block, Phase::kOptimizer, SecondsSince(t0)};
   });
 }
@@ -409,6 +421,120 @@ absl::StatusOr<EvalResult> BlockTrainer::Evaluate(const torch::Tensor& input,
     modules_.block->train();
     if (modules_.head) modules_.head->train();
     return r;
+  });
+}
+
+namespace {
+constexpr int64_t kStateFormat = 1;
+}  // namespace
+
+absl::StatusOr<std::string> BlockTrainer::SaveState(int64_t step) const {
+  if (!pending_.empty() || accumulated_ != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", options_.block, ": state saved with ", pending_.size(),
+        " micro-batches in flight and ", accumulated_,
+        " gradients accumulated; only a step boundary can be saved"));
+  }
+  return Guard("save state", [&]() -> absl::StatusOr<std::string> {
+    torch::serialize::OutputArchive archive;
+    archive.write("format", torch::tensor(kStateFormat));
+    archive.write("block_index", torch::tensor(int64_t{options_.block}));
+    archive.write("step", torch::tensor(step));
+    torch::serialize::OutputArchive tensors;
+    for (const auto& [name, t] : NamedState()) {
+      tensors.write(name, t.detach());
+    }
+    archive.write("tensors", tensors);
+    torch::serialize::OutputArchive optim;
+    optimizer_->impl().save(optim);
+    archive.write("optimizer", optim);
+    std::ostringstream out;
+    archive.save_to(out);
+    return out.str();
+  });
+}
+
+absl::StatusOr<int64_t> BlockTrainer::LoadState(const std::string& bytes,
+                                                int64_t expected_step) {
+  const std::string what = absl::StrCat("block ", options_.block, " state");
+  if (!pending_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": cannot load with ", pending_.size(),
+                     " micro-batches in flight"));
+  }
+  return Guard("load state", [&]() -> absl::StatusOr<int64_t> {
+    torch::serialize::InputArchive archive;
+    archive.load_from(bytes.data(), bytes.size());
+    auto scalar = [&](const char* key) -> absl::StatusOr<int64_t> {
+      torch::Tensor t;
+      if (!archive.try_read(key, t) || t.numel() != 1 ||
+          t.scalar_type() != torch::kInt64) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": archive has no integer '", key, "'"));
+      }
+      return t.item<int64_t>();
+    };
+    ASSIGN_OR_RETURN(const int64_t format, scalar("format"));
+    if (format != kStateFormat) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": archive format ", format, ", expected ", kStateFormat));
+    }
+    ASSIGN_OR_RETURN(const int64_t block, scalar("block_index"));
+    if (block != options_.block) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the archive holds block ", block));
+    }
+    ASSIGN_OR_RETURN(const int64_t step, scalar("step"));
+    if (step < 0 || (expected_step >= 0 && step != expected_step)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": the archive is of step ", step,
+          expected_step >= 0 ? absl::StrCat(", expected ", expected_step)
+                             : std::string()));
+    }
+    torch::serialize::InputArchive tensors;
+    if (!archive.try_read("tensors", tensors)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": archive has no tensors"));
+    }
+    // Read and check everything first; change nothing until all is known
+    // to fit.
+    const auto named = NamedState();
+    std::vector<torch::Tensor> loaded;
+    for (const auto& [name, t] : named) {
+      torch::Tensor v;
+      if (!tensors.try_read(name, v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": tensor '", name, "' is missing"));
+      }
+      if (v.scalar_type() != t.scalar_type() || v.sizes() != t.sizes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": tensor '", name, "' is ", c10::toString(v.scalar_type()),
+            c10::str(v.sizes()), ", the block has ",
+            c10::toString(t.scalar_type()), c10::str(t.sizes())));
+      }
+      loaded.push_back(v);
+    }
+    if (tensors.keys().size() != named.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": archive has ", tensors.keys().size(),
+                       " tensors, the block ", named.size()));
+    }
+    torch::serialize::InputArchive optim;
+    if (!archive.try_read("optimizer", optim)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": archive has no optimizer state"));
+    }
+    ASSIGN_OR_RETURN(auto fresh,
+                     Optimizer::Create(optimizer_spec_, TrainedParams()));
+    fresh->impl().load(optim);
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < named.size(); ++i) {
+      named[i].second.copy_(loaded[i]);
+    }
+    optimizer_ = std::move(fresh);
+    optimizer_->ZeroGrad();
+    accumulated_ = 0;
+    return step;
   });
 }
 

@@ -151,6 +151,10 @@ class BlockTrainer {
   bool last_step_skipped() const { return last_step_skipped_; }
   // Non-finite losses and gradients met so far (the policy's counter).
   int64_t nonfinite_count() const { return nonfinite_count_; }
+  // Micro-batch gradients accumulated since the last Step (what the next
+  // Step applies), and how many the last Step applied.
+  int accumulated() const { return accumulated_; }
+  int last_applied() const { return last_applied_; }
   // Micro-batches forwarded but not yet backwarded.
   size_t pending() const { return pending_.size(); }
 
@@ -163,14 +167,28 @@ class BlockTrainer {
                                       const torch::Tensor& target,
                                       bool input_nonfinite = false);
 
+  // The block's whole training state (parameters, buffers, optimizer state)
+  // as a LibTorch archive tagged with the block index and `step`. Only
+  // between steps: nothing in flight, no gradient accumulated.
+  absl::StatusOr<std::string> SaveState(int64_t step) const;
+  // Restores an archive SaveState wrote for this block at `step` (-1: any
+  // step) and returns its step.
+  // Tensors are only read from the archive, never code. Every name, dtype
+  // and shape is checked before anything changes; on error the trainer is
+  // unchanged.
+  absl::StatusOr<int64_t> LoadState(const std::string& archive,
+                                    int64_t step = -1);
+
   // Parameters (and buffers) by name: "block.<name>" and "head.<name>".
   std::vector<std::pair<std::string, torch::Tensor>> NamedState() const;
   torch::nn::Sequential block() const { return modules_.block; }
   torch::nn::Sequential head() const { return modules_.head; }
 
  private:
-  BlockTrainer(TrainerOptions options, BlockModules modules);
+  BlockTrainer(TrainerOptions options, BlockModules modules,
+               interlock::v1::OptimizerSpec optimizer);
   GradientLists lists() const;
+  std::vector<torch::Tensor> TrainedParams() const;
 
   struct Pending {
     torch::Tensor input;     // leaf requiring grad when gradients go upstream
@@ -191,11 +209,14 @@ class BlockTrainer {
   TrainerOptions options_;
   BlockModules modules_;
   std::vector<torch::Tensor> block_params_;
+  const interlock::v1::OptimizerSpec optimizer_spec_;
   std::unique_ptr<Optimizer> optimizer_;
   std::map<int, Pending> pending_;
   bool skip_step_ = false;
   bool last_step_skipped_ = false;
   int64_t nonfinite_count_ = 0;
+  int accumulated_ = 0;
+  int last_applied_ = 0;
 };
 
 // Whether every value of a floating-point tensor is finite.

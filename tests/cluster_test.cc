@@ -14,6 +14,7 @@
 #include "coordinator/train.h"
 #include "proto/worker.grpc.pb.h"
 #include "services/config.h"
+#include "services/digest.h"
 #include "services/wire.h"
 #include "tests/cluster_util.h"
 #include "tests/test_util.h"
@@ -22,13 +23,16 @@ namespace interlock {
 namespace {
 
 namespace v1 = interlock::v1;
+using interlock::testing::Child;
 using interlock::testing::HealthStatus;
 using interlock::testing::HttpGet;
+using interlock::testing::LinesIn;
 using interlock::testing::MakeTempDir;
 using interlock::testing::MetricSum;
 using interlock::testing::ReadFile;
 using interlock::testing::StartWorker;
 using interlock::testing::StopWorker;
+using interlock::testing::WaitExit;
 using interlock::testing::WorkerProcess;
 
 const std::string kWorker = INTERLOCK_WORKER;
@@ -422,15 +426,128 @@ TEST_F(BadInputTest, EveryMalformedTensorIsRefusedAndWorkerKeepsServing) {
     m.mutable_header()->set_run_id("someone-else");
     ExpectRefused(m, grpc::StatusCode::FAILED_PRECONDITION, "someone-else");
   }
-  {
-    // Step 0 is long done: a replay is stale.
-    auto m = Valid();
-    m.mutable_forward()->set_step(0);
-    m.mutable_forward()->set_microbatch(0);
-    ExpectRefused(m, grpc::StatusCode::FAILED_PRECONDITION, "stale");
-  }
   // And a following valid run works.
   Configure("run-2");
+  ExpectServes();
+  ExpectServes();
+}
+
+// Parameters and buffers of the configured block, hashed.
+std::string StateDigest(v1::Worker::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::GetStateRequest req;
+  v1::GetStateResponse resp;
+  grpc::Status s = stub->GetState(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  std::string all = std::to_string(resp.step());
+  for (const auto& nt : resp.block()) all += nt.name() + nt.tensor().data();
+  for (const auto& nt : resp.head()) all += nt.name() + nt.tensor().data();
+  return Sha256Hex(all.data(), all.size());
+}
+
+// A (step, micro-batch) the worker already applied is acknowledged, not
+// applied again, and the stream stays open.
+TEST_F(BadInputTest, RepeatedMicroBatchIsAcknowledgedNotApplied) {
+  ExpectServes();
+  ExpectServes();  // step 0 done
+  const std::string before = StateDigest(stub_.get());
+  for (const auto& [step, mb] :
+       std::vector<std::pair<int, int>>{{0, 0}, {0, 1}}) {
+    v1::DownMessage m = Valid();
+    m.mutable_forward()->set_step(step);
+    m.mutable_forward()->set_microbatch(mb);
+    v1::UpMessage reply;
+    grpc::Status s = SendOnce(m, &reply);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    ASSERT_TRUE(reply.has_duplicate()) << reply.DebugString();
+    EXPECT_EQ(reply.duplicate().step(), step);
+    EXPECT_EQ(reply.duplicate().microbatch(), mb);
+    EXPECT_EQ(reply.duplicate().block(), 0);
+  }
+  EXPECT_EQ(StateDigest(stub_.get()), before);
+  ExpectServes();
+  ExpectServes();
+  EXPECT_NE(StateDigest(stub_.get()), before);
+}
+
+// SaveState streams the block's state in chunks; LoadState restores it
+// exactly and refuses damaged, foreign or oversized state, and the worker
+// keeps serving.
+TEST_F(BadInputTest, StateSavesAndLoadsOverTheWire) {
+  ExpectServes();
+  ExpectServes();  // step 0 done: momentum-free SGD, but BN buffers moved
+  const std::string at_step1 = StateDigest(stub_.get());
+  std::vector<v1::StateChunk> chunks;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    v1::SaveStateRequest req;
+    req.set_run_id(run_id_);
+    req.set_generation(1);
+    req.set_chunk_bytes(1000);  // several chunks
+    auto reader = stub_->SaveState(&ctx, req);
+    v1::StateChunk c;
+    while (reader->Read(&c)) chunks.push_back(c);
+    grpc::Status s = reader->Finish();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  ASSERT_GT(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0].step(), 1);
+  EXPECT_EQ(chunks[0].block(), 0);
+  EXPECT_EQ(chunks[0].sha256().size(), 64u);
+  ExpectServes();
+  ExpectServes();
+  ASSERT_NE(StateDigest(stub_.get()), at_step1);
+
+  auto load = [&](std::vector<v1::StateChunk> cs) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    v1::LoadStateResponse resp;
+    auto writer = stub_->LoadState(&ctx, &resp);
+    for (const auto& c : cs) {
+      if (!writer->Write(c)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  {
+    auto bad = chunks;
+    std::string& d = *bad[1].mutable_data();
+    d[d.size() / 2] ^= 0x20;
+    grpc::Status s = load(bad);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+    EXPECT_NE(s.error_message().find("SHA-256"), std::string::npos);
+  }
+  {
+    auto bad = chunks;
+    bad.pop_back();
+    grpc::Status s = load(bad);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+  }
+  {
+    auto bad = chunks;
+    bad[0].set_run_id("someone-else");
+    grpc::Status s = load(bad);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << s.error_message();
+  }
+  {
+    auto bad = chunks;
+    bad[0].set_total_bytes(int64_t{1} << 40);
+    grpc::Status s = load(bad);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << s.error_message();
+  }
+  EXPECT_NE(StateDigest(stub_.get()), at_step1);
+  grpc::Status s = load(chunks);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(StateDigest(stub_.get()), at_step1);
+  // The block continues from step 1.
+  step_ = 1;
+  mb_ = 0;
   ExpectServes();
   ExpectServes();
 }
@@ -558,50 +675,8 @@ TEST(HostileNeighbour, MisshapenGradientsAreRefused) {
 
 // --- Failures and metrics with the CLI as the coordinator. ---------------
 
-struct Child {
-  pid_t pid = -1;
-  std::string log;
-};
-
 Child StartCli(const std::vector<std::string>& args, const std::string& log) {
-  Child c;
-  c.log = log;
-  c.pid = fork();
-  if (c.pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    freopen(log.c_str(), "w", stdout);
-    dup2(fileno(stdout), fileno(stderr));
-    std::vector<char*> argv;
-    std::vector<std::string> all = {kCli};
-    all.insert(all.end(), args.begin(), args.end());
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(kCli.c_str(), argv.data());
-    _exit(127);
-  }
-  return c;
-}
-
-int LinesIn(const std::string& path) {
-  std::ifstream in(path);
-  int n = 0;
-  std::string line;
-  while (std::getline(in, line)) ++n;
-  return n;
-}
-
-// Waits up to `seconds` for the child; returns its exit code or -1.
-int WaitExit(pid_t pid, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(int(seconds * 1000));
-  while (std::chrono::steady_clock::now() < deadline) {
-    int status;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return -1;
+  return interlock::testing::StartChild(kCli, args, log);
 }
 
 TEST(ClusterFailure, KilledWorkerStopsTheRunNamingIt) {
@@ -610,15 +685,16 @@ TEST(ClusterFailure, KilledWorkerStopsTheRunNamingIt) {
   for (int k = 0; k < 3; ++k) w.push_back(StartWorker(kWorker, dir, k));
   const std::string addrs =
       w[0].address() + "," + w[1].address() + "," + w[2].address();
-  Child cli =
-      StartCli({"train", "--quiet", "--engine=cluster", "--workers=" + addrs,
-                "--config=" + kSrc + "/configs/tests/tiny_resnet.pbtxt",
-                "--steps=100000", "--out=" + dir + "/out"},
-               dir + "/cli.log");
+  Child cli = StartCli(
+      {"train", "--quiet", "--engine=cluster", "--workers=" + addrs,
+       "--config=" + kSrc + "/configs/tests/tiny_resnet.pbtxt",
+       "--steps=100000", "--out=" + dir + "/out", "--recover-timeout=2s"},
+      dir + "/cli.log");
   for (int i = 0; i < 600 && LinesIn(dir + "/out/metrics.jsonl") < 3; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_GE(LinesIn(dir + "/out/metrics.jsonl"), 3) << ReadFile(cli.log);
+  // Nobody restarts it: after --recover-timeout the run stops, naming it.
   StopWorker(w[1], SIGKILL);
   const int code = WaitExit(cli.pid, 30);
   if (code == -1) kill(cli.pid, SIGKILL);

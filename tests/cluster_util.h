@@ -175,6 +175,55 @@ inline double MetricSum(const std::string& text, const std::string& name,
   return found ? sum : -1;
 }
 
+// A child process (e.g. the CLI) with its output in a log file.
+struct Child {
+  pid_t pid = -1;
+  std::string log;
+};
+
+inline Child StartChild(const std::string& binary,
+                        const std::vector<std::string>& args,
+                        const std::string& log) {
+  Child c;
+  c.log = log;
+  c.pid = fork();
+  if (c.pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    freopen(log.c_str(), "w", stdout);
+    dup2(fileno(stdout), fileno(stderr));
+    std::vector<char*> argv;
+    std::vector<std::string> all = {binary};
+    all.insert(all.end(), args.begin(), args.end());
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  return c;
+}
+
+inline int LinesIn(const std::string& path) {
+  std::ifstream in(path);
+  int n = 0;
+  std::string line;
+  while (std::getline(in, line)) ++n;
+  return n;
+}
+
+// Waits up to `seconds` for the child; returns its exit code or -1.
+inline int WaitExit(pid_t pid, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(int(seconds * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return -1;
+}
+
 }  // namespace interlock::testing
 
 #endif  // INTERLOCK_TESTS_CLUSTER_UTIL_H_

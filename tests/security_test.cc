@@ -131,6 +131,36 @@ grpc::Status GetState(v1::Worker::Stub* stub,
   return stub->GetState(&ctx, v1::GetStateRequest(), &resp);
 }
 
+// SaveState of run `run_id` generation 1; the chunks it sent go to `chunks`.
+grpc::Status SaveState(v1::Worker::Stub* stub, const std::string& run_id,
+                       const std::string& authorization,
+                       std::vector<v1::StateChunk>* chunks) {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+  v1::SaveStateRequest req;
+  req.set_run_id(run_id);
+  req.set_generation(1);
+  auto reader = stub->SaveState(&ctx, req);
+  v1::StateChunk c;
+  while (reader->Read(&c)) chunks->push_back(c);
+  return reader->Finish();
+}
+
+grpc::Status LoadState(v1::Worker::Stub* stub, const std::string& authorization,
+                       const std::vector<v1::StateChunk>& chunks) {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+  v1::LoadStateResponse resp;
+  auto writer = stub->LoadState(&ctx, &resp);
+  for (const auto& c : chunks) {
+    if (!writer->Write(c)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
 // Sends `m` on a new stream; the stream's status, and whether an upward
 // completion came back.
 grpc::Status StreamOnce(v1::Worker::Stub* stub, const v1::DownMessage& m,
@@ -208,13 +238,24 @@ TEST_F(TokenTest, EveryWorkerCallNeedsTheTokenAndTheHandlerNeverRunsWithout) {
   s = StreamOnce(stub.get(), Forward("run-a", 0), &completed);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_FALSE(completed);
+  std::vector<v1::StateChunk> chunks;
+  EXPECT_EQ(SaveState(stub.get(), "run-a", "", &chunks).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(chunks.empty());
+  v1::StateChunk forged;
+  forged.set_run_id("run-a");
+  forged.set_generation(1);
+  forged.set_total_bytes(3);
+  forged.set_data("abc");
+  EXPECT_EQ(LoadState(stub.get(), "Bearer nope", {forged}).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
 
   // None of it reached the core: still unconfigured, nothing counted but
   // the refusals. The health service answers without a token.
   EXPECT_EQ(HealthStatus(Plaintext(w)), 2);
   std::string metrics = HttpGet(w.metrics_port, "/metrics");
   EXPECT_EQ(
-      MetricSum(metrics, "interlock_worker_unauthenticated_requests_total"), 5)
+      MetricSum(metrics, "interlock_worker_unauthenticated_requests_total"), 7)
       << metrics;
   EXPECT_EQ(MetricSum(metrics, "interlock_worker_configured"), -1) << metrics;
   EXPECT_EQ(MetricSum(metrics, "interlock_worker_rejected_messages_total"), -1);
@@ -232,9 +273,15 @@ TEST_F(TokenTest, EveryWorkerCallNeedsTheTokenAndTheHandlerNeverRunsWithout) {
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_TRUE(completed);
   EXPECT_TRUE(GetState(stub.get(), right).ok());
+  // The checkpoint calls: the block's state out and back in.
+  s = SaveState(stub.get(), "run-a", right, &chunks);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_FALSE(chunks.empty());
+  s = LoadState(stub.get(), right, chunks);
+  EXPECT_TRUE(s.ok()) << s.error_message();
   metrics = HttpGet(w.metrics_port, "/metrics");
   EXPECT_EQ(
-      MetricSum(metrics, "interlock_worker_unauthenticated_requests_total"), 5);
+      MetricSum(metrics, "interlock_worker_unauthenticated_requests_total"), 7);
   EXPECT_EQ(MetricSum(metrics, "interlock_worker_microbatches_total"), 1);
 
   // No reflection service, token or not.

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -58,6 +59,34 @@ inline CommandResult RunCommand(const std::string& command) {
   const int status = pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// The "digest <hex>" the CLI prints at the end of a run ("" if none).
+inline std::string DigestOf(const std::string& output) {
+  const auto at = output.find("digest ");
+  return at == std::string::npos ? std::string() : output.substr(at + 7, 64);
+}
+
+// A top-level or nested field of summary.json, as written ("name": value):
+// a number, a quoted string or a [list].
+inline std::string SummaryField(const std::string& json,
+                                const std::string& name) {
+  std::smatch m;
+  if (!std::regex_search(
+          json, m, std::regex("\"" + name + "\": (\\[[^\\]]*\\]|[^,}\\n]*)"))) {
+    return "";
+  }
+  return m[1];
+}
+
+// Occurrences of `what` in `text`.
+inline int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos;
+       at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
 }
 
 }  // namespace interlock::testing

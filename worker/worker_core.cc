@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/config.h"
+#include "services/digest.h"
 #include "services/models.h"
 #include "services/runtime.h"
 #include "services/status_macros.h"
@@ -263,6 +264,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     msg.mutable_step_done()->set_step(d.step);
     msg.mutable_step_done()->set_optimizer_seconds(d.timing.seconds);
     msg.mutable_step_done()->set_skipped(d.skipped);
+    msg.mutable_step_done()->set_microbatches(d.microbatches);
     SendUp(std::move(msg));
   };
   run->driver = std::make_unique<BlockDriver>(std::move(trainer), cb);
@@ -299,6 +301,71 @@ void WorkerCore::GetState(
   });
 }
 
+absl::Status WorkerCore::CheckRun(const std::string& what,
+                                  const std::string& run_id,
+                                  int64_t generation) const {
+  if (!run_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": no block configured"));
+  }
+  if (run_id != run_->run_id || generation != run_->generation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": run '", run_id, "' generation ", generation,
+                     " is not the configured run '", run_->run_id,
+                     "' generation ", run_->generation));
+  }
+  return absl::OkStatus();
+}
+
+void WorkerCore::SaveState(
+    const v1::SaveStateRequest& request,
+    std::function<void(absl::StatusOr<BlockStateArchive>)> done) {
+  Post([this, request, done = std::move(done)] {
+    done([&]() -> absl::StatusOr<BlockStateArchive> {
+      RETURN_IF_ERROR(
+          CheckRun("save_state", request.run_id(), request.generation()));
+      BlockStateArchive a;
+      a.run_id = run_->run_id;
+      a.generation = run_->generation;
+      a.block = run_->block;
+      a.step = run_->driver->current_step();
+      ASSIGN_OR_RETURN(a.bytes, run_->driver->SaveState());
+      a.sha256 = Sha256Hex(a.bytes.data(), a.bytes.size());
+      return a;
+    }());
+  });
+}
+
+void WorkerCore::LoadState(BlockStateArchive state,
+                           std::function<void(absl::StatusOr<int64_t>)> done) {
+  Post([this, state = std::move(state), done = std::move(done)] {
+    done([&]() -> absl::StatusOr<int64_t> {
+      RETURN_IF_ERROR(CheckRun("load_state", state.run_id, state.generation));
+      const std::string what =
+          absl::StrCat("load_state of block ", run_->block);
+      if (state.block != run_->block) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": the state is of block ", state.block));
+      }
+      const std::string sha = Sha256Hex(state.bytes.data(), state.bytes.size());
+      if (sha != state.sha256) {
+        return absl::DataLossError(
+            absl::StrCat(what, ": SHA-256 of the ", state.bytes.size(),
+                         " bytes received is ", sha, ", the sender said ",
+                         state.sha256.empty() ? "nothing" : state.sha256));
+      }
+      if (state.step < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": negative step ", state.step));
+      }
+      RETURN_IF_ERROR(run_->driver->LoadState(state.bytes, state.step));
+      const int64_t step = run_->driver->current_step();
+      run_->metrics->step->Set(static_cast<double>(step));
+      return step;
+    }());
+  });
+}
+
 void WorkerCore::Attach(std::shared_ptr<UpstreamSink> sink) {
   std::shared_ptr<UpstreamSink> old;
   {
@@ -325,8 +392,8 @@ void WorkerCore::OnDown(std::shared_ptr<UpstreamSink> from,
     absl::Status s = HandleDown(std::move(msg));
     if (!s.ok()) {
       // A stop by this block's non-finite policy is not a refused message.
-      const bool own = run_ && run_.get() == before &&
-                       run_->nonfinite_seen > seen;
+      const bool own =
+          run_ && run_.get() == before && run_->nonfinite_seen > seen;
       if (run_ && !own) run_->metrics->rejected->Increment();
       from->Finish(s);
     }
@@ -380,10 +447,15 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
   if (f.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
   }
-  if (f.step() < r.driver->current_step()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, ": stale step (block is at step ",
-                     r.driver->current_step(), ")"));
+  if (r.driver->Seen(f.step(), f.microbatch())) {
+    // A repeat (a coordinator resending after a broken stream): applying
+    // it again would count its gradient twice. Acknowledge it instead.
+    v1::UpMessage ack;
+    ack.mutable_duplicate()->set_block(r.block);
+    ack.mutable_duplicate()->set_step(f.step());
+    ack.mutable_duplicate()->set_microbatch(f.microbatch());
+    SendUp(std::move(ack));
+    return absl::OkStatus();
   }
   if (!std::isfinite(f.learning_rate()) || f.learning_rate() < 0) {
     return absl::InvalidArgumentError(
@@ -442,8 +514,8 @@ absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
       DecodeTensor(e.target(), where + " target", options_.limits));
   RETURN_IF_ERROR(ExpectTensor(
       target, torch::kInt64, WithBatch(b, r.target_shape), where + " target"));
-  ASSIGN_OR_RETURN(EvalResult res, r.driver->trainer().Evaluate(
-                                        input, target, e.nonfinite()));
+  ASSIGN_OR_RETURN(EvalResult res,
+                   r.driver->trainer().Evaluate(input, target, e.nonfinite()));
   v1::UpMessage up;
   auto* er = up.mutable_eval();
   er->set_batch(e.batch());

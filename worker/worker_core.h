@@ -43,6 +43,18 @@ struct WorkerOptions {
   // The server's receive limit; a run needing larger messages is refused.
   int64_t max_message_bytes = 256 << 20;
   TensorLimits limits;
+  // Largest block state LoadState accepts.
+  int64_t max_state_bytes = int64_t{4} << 30;
+};
+
+// A block's state as SaveState produces and LoadState consumes it.
+struct BlockStateArchive {
+  std::string run_id;
+  int64_t generation = 0;
+  int block = 0;
+  int64_t step = 0;
+  std::string sha256;  // hex, of `bytes`
+  std::string bytes;   // a LibTorch archive
 };
 
 class WorkerCore {
@@ -67,6 +79,15 @@ class WorkerCore {
       const interlock::v1::GetStateRequest& request,
       std::function<void(absl::StatusOr<interlock::v1::GetStateResponse>)>
           done);
+
+  // The block's training state at a step boundary (nothing in flight).
+  void SaveState(const interlock::v1::SaveStateRequest& request,
+                 std::function<void(absl::StatusOr<BlockStateArchive>)> done);
+  // Replaces the block's training state; checks run, generation, block,
+  // size and SHA-256 before decoding anything. Answers the loaded step.
+  void LoadState(BlockStateArchive state,
+                 std::function<void(absl::StatusOr<int64_t>)> done);
+  int64_t max_state_bytes() const { return options_.max_state_bytes; }
 
   // A new incoming stream replaces the previous one.
   void Attach(std::shared_ptr<UpstreamSink> sink);
@@ -100,6 +121,9 @@ class WorkerCore {
   // Reports a failure to the coordinator and ends the incoming stream.
   void FailRun(int block, const std::string& address, const absl::Status& s);
   bool WaitingForGradients() const;
+  // The configured run, if `run_id` and `generation` name it.
+  absl::Status CheckRun(const std::string& what, const std::string& run_id,
+                        int64_t generation) const;
 
   const WorkerOptions options_;
   WorkerMetrics* const metrics_;

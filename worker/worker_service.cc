@@ -30,13 +30,15 @@ class ReactorSink : public UpstreamSink {
   StreamReactor* reactor_;
 };
 
-// A stream refused before it reaches the core.
-class RefusedStream
-    : public grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage> {
+// A streaming call refused before it reaches the core.
+template <typename Reactor>
+class Refused : public Reactor {
  public:
-  explicit RefusedStream(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
+  explicit Refused(const absl::Status& s) { this->Finish(ToGrpcStatus(s)); }
   void OnDone() override { delete this; }
 };
+using RefusedStream =
+    Refused<grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>>;
 
 class StreamReactor
     : public grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage> {
@@ -142,6 +144,133 @@ class GrpcLink : public DownstreamLink {
   std::shared_ptr<StreamClient> stream_;
 };
 
+// SaveState: the core serialises the block on its executor; the archive is
+// then written in chunks, one write in flight at a time.
+class SaveReactor : public grpc::ServerWriteReactor<v1::StateChunk> {
+ public:
+  SaveReactor(WorkerCore* core, const v1::SaveStateRequest& request) {
+    chunk_bytes_ = request.chunk_bytes() > 0
+                       ? std::min<int64_t>(request.chunk_bytes(), 4 << 20)
+                       : int64_t{1} << 20;
+    core->SaveState(request, [this](absl::StatusOr<BlockStateArchive> r) {
+      if (!r.ok()) {
+        Finish(ToGrpcStatus(r.status()));
+        return;
+      }
+      state_ = *std::move(r);
+      WriteNext();
+    });
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+      return;
+    }
+    WriteNext();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    const int64_t size = static_cast<int64_t>(state_.bytes.size());
+    if (offset_ >= size && offset_ > 0) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    chunk_.Clear();
+    if (offset_ == 0) {
+      chunk_.set_run_id(state_.run_id);
+      chunk_.set_generation(state_.generation);
+      chunk_.set_block(state_.block);
+      chunk_.set_step(state_.step);
+      chunk_.set_total_bytes(size);
+      chunk_.set_sha256(state_.sha256);
+    }
+    const int64_t n = std::min(chunk_bytes_, size - offset_);
+    chunk_.set_data(state_.bytes.substr(offset_, n));
+    // An empty archive still sends its header once.
+    offset_ += std::max<int64_t>(n, 1);
+    StartWrite(&chunk_);
+  }
+
+  int64_t chunk_bytes_;
+  BlockStateArchive state_;
+  int64_t offset_ = 0;
+  v1::StateChunk chunk_;
+};
+
+// LoadState: chunks are collected (within the worker's cap and the size the
+// first chunk declared), then the core checks and loads them.
+class LoadReactor : public grpc::ServerReadReactor<v1::StateChunk> {
+ public:
+  LoadReactor(WorkerCore* core, v1::LoadStateResponse* response)
+      : core_(core), response_(response) {
+    StartRead(&chunk_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      if (failed_) return;
+      if (!started_) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "load_state: no state received"));
+        return;
+      }
+      if (static_cast<int64_t>(state_.bytes.size()) != total_) {
+        Fail(grpc::StatusCode::DATA_LOSS,
+             absl::StrCat("load_state: received ", state_.bytes.size(),
+                          " bytes of the ", total_, " announced"));
+        return;
+      }
+      core_->LoadState(std::move(state_), [this](absl::StatusOr<int64_t> r) {
+        if (r.ok()) response_->set_step(*r);
+        Finish(ToGrpcStatus(r.status()));
+      });
+      return;
+    }
+    if (!started_) {
+      started_ = true;
+      total_ = chunk_.total_bytes();
+      if (total_ < 0 || total_ > core_->max_state_bytes()) {
+        Fail(grpc::StatusCode::RESOURCE_EXHAUSTED,
+             absl::StrCat("load_state: ", total_,
+                          " bytes announced, this worker accepts at most ",
+                          core_->max_state_bytes()));
+        return;
+      }
+      state_.run_id = chunk_.run_id();
+      state_.generation = chunk_.generation();
+      state_.block = chunk_.block();
+      state_.step = chunk_.step();
+      state_.sha256 = chunk_.sha256();
+      state_.bytes.reserve(total_);
+    }
+    if (static_cast<int64_t>(state_.bytes.size() + chunk_.data().size()) >
+        total_) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           absl::StrCat("load_state: more than the ", total_,
+                        " bytes announced"));
+      return;
+    }
+    state_.bytes.append(chunk_.data());
+    StartRead(&chunk_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Fail(grpc::StatusCode code, const std::string& message) {
+    failed_ = true;
+    Finish(grpc::Status(code, message));
+  }
+
+  WorkerCore* core_;
+  v1::LoadStateResponse* response_;
+  v1::StateChunk chunk_;
+  BlockStateArchive state_;
+  bool started_ = false;
+  bool failed_ = false;
+  int64_t total_ = 0;
+};
+
 }  // namespace
 
 absl::Status WorkerService::Authenticate(grpc::CallbackServerContext* ctx) {
@@ -150,6 +279,22 @@ absl::Status WorkerService::Authenticate(grpc::CallbackServerContext* ctx) {
     options_.unauthenticated->Increment();
   }
   return s;
+}
+
+grpc::ServerWriteReactor<v1::StateChunk>* WorkerService::SaveState(
+    grpc::CallbackServerContext* ctx, const v1::SaveStateRequest* request) {
+  if (absl::Status s = Authenticate(ctx); !s.ok()) {
+    return new Refused<grpc::ServerWriteReactor<v1::StateChunk>>(s);
+  }
+  return new SaveReactor(core_, *request);
+}
+
+grpc::ServerReadReactor<v1::StateChunk>* WorkerService::LoadState(
+    grpc::CallbackServerContext* ctx, v1::LoadStateResponse* response) {
+  if (absl::Status s = Authenticate(ctx); !s.ok()) {
+    return new Refused<grpc::ServerReadReactor<v1::StateChunk>>(s);
+  }
+  return new LoadReactor(core_, response);
 }
 
 grpc::ServerUnaryReactor* WorkerService::Configure(

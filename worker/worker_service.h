@@ -38,6 +38,12 @@ class WorkerService final : public interlock::v1::Worker::CallbackService {
       grpc::CallbackServerContext* ctx,
       const interlock::v1::GetStateRequest* request,
       interlock::v1::GetStateResponse* response) override;
+  grpc::ServerWriteReactor<interlock::v1::StateChunk>* SaveState(
+      grpc::CallbackServerContext* ctx,
+      const interlock::v1::SaveStateRequest* request) override;
+  grpc::ServerReadReactor<interlock::v1::StateChunk>* LoadState(
+      grpc::CallbackServerContext* ctx,
+      interlock::v1::LoadStateResponse* response) override;
 
  private:
   absl::Status Authenticate(grpc::CallbackServerContext* ctx);

@@ -4,10 +4,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/checkpoint.h"
 #include "services/config.h"
 #include "services/models.h"
+#include "services/trainer.h"
 #include "services/wire.h"
 #include "tests/fuzz/fuzz_case.pb.h"
 
@@ -177,6 +180,46 @@ void TensorSeeds(const std::string& dir) {
   Write(dir, index++, up.SerializeAsString());
 }
 
+// The checkpoint reader's input is a tag byte (0: manifest, 1: a block's
+// archive) and the bytes; the seeds come from a real checkpoint of the
+// target's model (kResNet with partition "1,rest").
+void CheckpointSeeds(const std::string& dir) {
+  auto config = interlock::ParseRunConfig(kResNet, "seed");
+  config->mutable_model()->set_partition("1,rest");
+  config->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
+  interlock::DataShape images;
+  images.channels = 3;
+  images.height = images.width = 8;
+  images.classes = 4;
+  std::vector<std::string> archives;
+  for (int block : {0, 1}) {
+    auto t = interlock::BlockTrainer::Create(*config, images, block);
+    auto a = t.ok() ? (*t)->SaveState(0) : t.status();
+    if (!a.ok()) {
+      std::cerr << a.status() << "\n";
+      std::exit(1);
+    }
+    archives.push_back(*a);
+  }
+  const std::string root = dir + "/tmp-checkpoints";
+  auto store = interlock::CheckpointStore::Open(root, 1);
+  v1::CheckpointManifest m;
+  *m.mutable_config() = *config;
+  m.set_step(0);
+  m.set_total_steps(10);
+  auto written = store.ok() ? store->Write(m, archives) : store.status();
+  if (!written.ok()) {
+    std::cerr << written.status() << "\n";
+    std::exit(1);
+  }
+  std::stringstream manifest;
+  manifest << std::ifstream(*written + "/manifest.pbtxt").rdbuf();
+  std::filesystem::remove_all(root);
+  Write(dir, 0, std::string(1, '\0') + manifest.str());
+  Write(dir, 1, std::string(1, '\1') + archives[0]);
+  Write(dir, 2, std::string(1, '\1') + archives[1]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -187,5 +230,6 @@ int main(int argc, char** argv) {
   torch::manual_seed(1);
   WorkerSeeds(std::string(argv[1]) + "/fuzz_worker_messages");
   TensorSeeds(std::string(argv[1]) + "/fuzz_tensor_decoder");
+  CheckpointSeeds(std::string(argv[1]) + "/fuzz_checkpoint_reader");
   return 0;
 }

@@ -12,10 +12,7 @@ shift 2
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 TARGETS=("$@")
 if ((${#TARGETS[@]} == 0)); then
-  TARGETS=(fuzz_tensor_decoder fuzz_worker_messages)
-  if [[ -x "$BUILD/tests/fuzz/fuzz_checkpoint_reader" ]]; then
-    TARGETS+=(fuzz_checkpoint_reader)
-  fi
+  TARGETS=(fuzz_tensor_decoder fuzz_worker_messages fuzz_checkpoint_reader)
 fi
 
 mkdir -p "$BUILD/fuzz-artifacts" "$BUILD/fuzz-logs"

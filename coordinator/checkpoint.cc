@@ -1,0 +1,362 @@
+#include "coordinator/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/text_format.h"
+#include "services/digest.h"
+#include "services/status_macros.h"
+
+namespace interlock {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = interlock::v1;
+
+constexpr char kManifest[] = "manifest.pbtxt";
+constexpr char kTrailer[] = "# sha256 ";
+constexpr char kStepPrefix[] = "step-";
+constexpr char kTempPrefix[] = ".tmp-";
+constexpr int kMaxBlocks = 4096;
+
+std::string Errno() { return std::strerror(errno); }
+
+// Writes `bytes` to `path` and fsyncs it.
+absl::Status WriteSynced(const std::string& path, absl::string_view bytes) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("checkpoint: cannot create ", path, ": ", Errno()));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string e = Errno();
+      close(fd);
+      return absl::DataLossError(
+          absl::StrCat("checkpoint: writing ", path, ": ", e));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    const std::string e = Errno();
+    close(fd);
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: fsync of ", path, ": ", e));
+  }
+  if (close(fd) != 0) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: closing ", path, ": ", Errno()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDir(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("checkpoint: cannot open folder ", path, ": ", Errno()));
+  }
+  const int rc = fsync(fd);
+  const std::string e = rc != 0 ? Errno() : "";
+  close(fd);
+  if (rc != 0) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: fsync of folder ", path, ": ", e));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadAll(const std::string& path, int64_t limit) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
+  }
+  in.seekg(0, std::ios::end);
+  const int64_t size = static_cast<int64_t>(in.tellg());
+  if (size < 0) return absl::DataLossError(absl::StrCat(path, ": unreadable"));
+  if (size > limit) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": ", size, " bytes, more than expected (", limit, ")"));
+  }
+  in.seekg(0);
+  std::string out(static_cast<size_t>(size), '\0');
+  in.read(out.data(), size);
+  if (in.gcount() != size) {
+    return absl::DataLossError(absl::StrCat(path, ": short read"));
+  }
+  return out;
+}
+
+std::string BlockFileName(int block) {
+  return absl::StrCat("block-", block, ".pt");
+}
+
+bool IsHex64(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s) {
+    if (!absl::ascii_isxdigit(c) || absl::ascii_isupper(c)) return false;
+  }
+  return true;
+}
+
+// The step of a "step-NNNNNNNNNN" folder name, or -1.
+int64_t StepOfName(const std::string& name) {
+  if (!absl::StartsWith(name, kStepPrefix)) return -1;
+  int64_t step = -1;
+  if (!absl::SimpleAtoi(name.substr(strlen(kStepPrefix)), &step)) return -1;
+  return step;
+}
+
+}  // namespace
+
+std::string SerializeManifest(const v1::CheckpointManifest& m) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(m, &text);
+  return absl::StrCat(text, kTrailer, Sha256Hex(text.data(), text.size()),
+                      "\n");
+}
+
+absl::StatusOr<v1::CheckpointManifest> ParseManifest(absl::string_view bytes,
+                                                     const std::string& what) {
+  // The trailer seals everything before it: a flipped byte anywhere in the
+  // manifest is caught before any field is believed.
+  const size_t at = bytes.rfind(kTrailer);
+  if (at == absl::string_view::npos || (at > 0 && bytes[at - 1] != '\n')) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": no '", kTrailer, "' line (truncated?)"));
+  }
+  const absl::string_view body = bytes.substr(0, at);
+  absl::string_view sealed = bytes.substr(at + strlen(kTrailer));
+  if (!absl::ConsumeSuffix(&sealed, "\n") || sealed.size() != 64) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": malformed SHA-256 line (truncated?)"));
+  }
+  const std::string actual = Sha256Hex(body.data(), body.size());
+  if (actual != sealed) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": SHA-256 of the manifest is ", actual,
+                     ", its last line says ", sealed, " (damaged)"));
+  }
+  v1::CheckpointManifest m;
+  google::protobuf::TextFormat::Parser parser;
+  if (!parser.ParseFromString(std::string(body), &m)) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": not a checkpoint manifest"));
+  }
+  if (m.format() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": format ", m.format(), ", this build reads 1"));
+  }
+  if (m.num_blocks() < 1 || m.num_blocks() > kMaxBlocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": num_blocks ", m.num_blocks(), " outside [1, ",
+                     kMaxBlocks, "]"));
+  }
+  if (m.step() < 0 || m.total_steps() < 0 || m.step() > m.total_steps()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": step ", m.step(), " of ", m.total_steps()));
+  }
+  if (m.files_size() != m.num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", m.files_size(), " files for ", m.num_blocks(), " blocks"));
+  }
+  std::set<int> seen;
+  for (const auto& f : m.files()) {
+    if (f.block() < 0 || f.block() >= m.num_blocks() ||
+        !seen.insert(f.block()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": file for block ", f.block(),
+                       " is out of range or repeated"));
+    }
+    // Only the names this code writes: nothing outside the folder.
+    if (f.name() != BlockFileName(f.block())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": unexpected file name '", f.name(),
+                       "' for block ", f.block()));
+    }
+    if (f.bytes() < 0 || !IsHex64(f.sha256())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": file ", f.name(), " has a bad size or SHA-256"));
+    }
+  }
+  return m;
+}
+
+absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& dir) {
+  Checkpoint c;
+  c.dir = dir;
+  const std::string mpath = absl::StrCat(dir, "/", kManifest);
+  auto bytes = ReadAll(mpath, 64 << 20);
+  if (!bytes.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", dir, ": ", bytes.status().message()));
+  }
+  ASSIGN_OR_RETURN(c.manifest,
+                   ParseManifest(*bytes, absl::StrCat("checkpoint ", mpath)));
+  c.blocks.resize(c.manifest.num_blocks());
+  for (const auto& f : c.manifest.files()) {
+    const std::string path = absl::StrCat(dir, "/", f.name());
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": file ",
+                                              f.name(),
+                                              " is missing: ", ec.message()));
+    }
+    if (static_cast<int64_t>(size) != f.bytes()) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", dir, ": file ", f.name(), " is ", size,
+          " bytes, the manifest says ", f.bytes(), " (truncated or damaged)"));
+    }
+    auto data = ReadAll(path, f.bytes());
+    if (!data.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", dir, ": ", data.status().message()));
+    }
+    const std::string sha = Sha256Hex(data->data(), data->size());
+    if (sha != f.sha256()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", dir, ": file ", f.name(), " has SHA-256 ",
+                       sha, ", the manifest says ", f.sha256(), " (damaged)"));
+    }
+    c.blocks[f.block()] = *std::move(data);
+  }
+  return c;
+}
+
+absl::StatusOr<CheckpointStore> CheckpointStore::Open(
+    const std::string& root, int keep, std::vector<std::string>* removed) {
+  if (keep < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keep-checkpoints: ", keep, ", must be at least 1"));
+  }
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "--checkpoint-dir: cannot create ", root, ": ", ec.message()));
+  }
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!absl::StartsWith(name, kTempPrefix)) continue;
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    if (rm) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("--checkpoint-dir: cannot remove the unfinished ",
+                       e.path().string(), ": ", rm.message()));
+    }
+    if (removed) removed->push_back(e.path().string());
+  }
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "--checkpoint-dir: cannot list ", root, ": ", ec.message()));
+  }
+  return CheckpointStore(root, keep);
+}
+
+std::vector<std::string> CheckpointStore::List() const {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root_, ec)) {
+    const int64_t step = StepOfName(e.path().filename().string());
+    if (step >= 0 && e.is_directory()) found.emplace_back(step, e.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
+  return out;
+}
+
+absl::StatusOr<std::string> CheckpointStore::Write(
+    v1::CheckpointManifest manifest, const std::vector<std::string>& blocks,
+    const std::function<void()>& before_rename) const {
+  const std::string name =
+      absl::StrFormat("%s%010d", kStepPrefix, manifest.step());
+  const std::string final_dir = absl::StrCat(root_, "/", name);
+  const std::string temp_dir =
+      absl::StrCat(root_, "/", kTempPrefix, name, "-", getpid());
+  std::error_code ec;
+  fs::remove_all(temp_dir, ec);
+  if (!fs::create_directory(temp_dir, ec) || ec) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "checkpoint: cannot create ", temp_dir, ": ", ec.message()));
+  }
+  manifest.set_format(1);
+  manifest.set_num_blocks(static_cast<int>(blocks.size()));
+  manifest.clear_files();
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    auto* f = manifest.add_files();
+    f->set_name(BlockFileName(static_cast<int>(k)));
+    f->set_block(static_cast<int>(k));
+    f->set_bytes(static_cast<int64_t>(blocks[k].size()));
+    f->set_sha256(Sha256Hex(blocks[k].data(), blocks[k].size()));
+    RETURN_IF_ERROR(
+        WriteSynced(absl::StrCat(temp_dir, "/", f->name()), blocks[k]));
+  }
+  RETURN_IF_ERROR(WriteSynced(absl::StrCat(temp_dir, "/", kManifest),
+                              SerializeManifest(manifest)));
+  RETURN_IF_ERROR(SyncDir(temp_dir));
+  if (before_rename) before_rename();
+  // A checkpoint of the same step (written again after a replay) is
+  // replaced: moved aside under a temporary name first, so a crash here
+  // leaves the older checkpoints, never a half-written one.
+  if (fs::exists(final_dir, ec)) {
+    const std::string old =
+        absl::StrCat(root_, "/", kTempPrefix, "old-", name, "-", getpid());
+    fs::rename(final_dir, old, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "checkpoint: cannot move ", final_dir, " aside: ", ec.message()));
+    }
+    fs::remove_all(old, ec);
+  }
+  fs::rename(temp_dir, final_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "checkpoint: cannot rename ", temp_dir, ": ", ec.message()));
+  }
+  RETURN_IF_ERROR(SyncDir(root_));
+  // Keep the newest `keep_`: retired ones are renamed to a temporary name
+  // first (atomic), so a crash while deleting leaves nothing half-valid.
+  std::vector<std::string> all = List();
+  for (size_t i = 0; i + keep_ < all.size(); ++i) {
+    const std::string doomed =
+        absl::StrCat(root_, "/", kTempPrefix, "retired-",
+                     fs::path(all[i]).filename().string(), "-", getpid());
+    fs::rename(all[i], doomed, ec);
+    if (!ec) fs::remove_all(doomed, ec);
+  }
+  RETURN_IF_ERROR(SyncDir(root_));
+  return final_dir;
+}
+
+std::optional<Checkpoint> CheckpointStore::Latest(
+    std::vector<std::string>* refused) const {
+  std::vector<std::string> all = List();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    auto c = ReadCheckpoint(*it);
+    if (c.ok()) return *std::move(c);
+    if (refused) refused->push_back(std::string(c.status().message()));
+  }
+  return std::nullopt;
+}
+
+}  // namespace interlock

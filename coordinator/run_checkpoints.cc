@@ -1,0 +1,157 @@
+#include "coordinator/run_checkpoints.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "services/status_macros.h"
+
+namespace interlock {
+
+namespace fs = std::filesystem;
+namespace v1 = interlock::v1;
+
+absl::StatusOr<std::unique_ptr<RunCheckpoints>> RunCheckpoints::Open(
+    const std::string& dir, int keep, std::ostream* log) {
+  std::vector<std::string> removed;
+  ASSIGN_OR_RETURN(CheckpointStore store,
+                   CheckpointStore::Open(dir, keep, &removed));
+  for (const auto& r : removed) {
+    *log << "interlock: removed the unfinished checkpoint " << r << "\n";
+  }
+  return std::unique_ptr<RunCheckpoints>(
+      new RunCheckpoints(std::move(store), log));
+}
+
+absl::StatusOr<std::optional<Checkpoint>> RunCheckpoints::FindResume(
+    const std::string& resume) const {
+  std::vector<std::string> refused;
+  std::optional<Checkpoint> found;
+  std::string where = store_.root();
+  if (!resume.empty()) {
+    where = resume;
+    std::error_code ec;
+    if (!fs::is_directory(resume, ec)) {
+      return absl::NotFoundError(
+          absl::StrCat("--resume: ", resume, " is not a folder"));
+    }
+    const fs::path path = fs::weakly_canonical(resume, ec);
+    if (fs::exists(path / "manifest.pbtxt", ec)) {
+      // One checkpoint; if it is damaged, the previous complete one beside
+      // it.
+      auto c = ReadCheckpoint(path.string());
+      if (c.ok()) {
+        found = *std::move(c);
+      } else {
+        refused.push_back(std::string(c.status().message()));
+        auto siblings =
+            CheckpointStore::Open(path.parent_path().string(), 1 << 30);
+        if (siblings.ok()) {
+          for (const auto& dir : siblings->List()) {
+            if (fs::path(dir).filename() >= path.filename()) {
+              continue;
+            }
+            auto older = ReadCheckpoint(dir);
+            if (older.ok()) {
+              found = *std::move(older);  // the newest older one wins
+            } else {
+              refused.push_back(std::string(older.status().message()));
+            }
+          }
+        }
+      }
+    } else {
+      auto store = CheckpointStore::Open(resume, 1 << 30);
+      if (!store.ok()) return store.status();
+      found = store->Latest(&refused);
+    }
+  } else {
+    found = store_.Latest(&refused);
+  }
+  for (const auto& r : refused) {
+    *log_ << "interlock: refused damaged checkpoint: " << r << "\n";
+  }
+  if (!found && !refused.empty()) {
+    return absl::DataLossError(absl::StrCat("no complete checkpoint in ", where,
+                                            ": ",
+                                            absl::StrJoin(refused, "; ")));
+  }
+  if (!found && !resume.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("--resume: no checkpoint in ", resume));
+  }
+  return found;
+}
+
+absl::StatusOr<std::string> RunCheckpoints::Take(
+    Engine& engine, v1::CheckpointManifest manifest) {
+  ASSIGN_OR_RETURN(std::vector<std::string> blocks, engine.SaveState());
+  manifest.set_created(
+      absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()));
+  return store_.Write(std::move(manifest), blocks);
+}
+
+absl::Status CheckSameRun(const v1::CheckpointManifest& manifest,
+                          const v1::RunConfig& config,
+                          const std::string& where) {
+  google::protobuf::util::MessageDifferencer diff;
+  std::string report;
+  diff.ReportDifferencesToString(&report);
+  if (diff.Compare(manifest.config(), config)) return absl::OkStatus();
+  // One line per difference, prefixed "modified:", "added:" or "deleted:".
+  std::vector<std::string> lines =
+      absl::StrSplit(report, '\n', absl::SkipEmpty());
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the checkpoint in ", where,
+      " belongs to a run with a different configuration (checkpoint -> "
+      "now: ",
+      absl::StrJoin(lines, "; "),
+      "); resume with the same configuration, or use another --out or "
+      "--checkpoint-dir"));
+}
+
+absl::Status Restore(Engine& engine, const Checkpoint& c) {
+  if (c.manifest.num_blocks() != engine.num_blocks()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", c.dir, " has ", c.manifest.num_blocks(),
+                     " blocks, the run ", engine.num_blocks()));
+  }
+  return engine.LoadState(c.manifest.step(), c.blocks);
+}
+
+absl::Status CutJsonLines(const std::string& path,
+                          const std::function<bool(int64_t)>& keep) {
+  std::ifstream in(path);
+  if (!in) return absl::OkStatus();
+  const std::string temp = path + ".tmp";
+  std::ofstream out(temp, std::ios::trunc);
+  constexpr char kStep[] = "{\"step\":";
+  std::string line;
+  while (std::getline(in, line)) {
+    // Lines cut short by a crash are dropped.
+    if (line.rfind(kStep, 0) != 0 || line.back() != '}') continue;
+    const size_t start = sizeof(kStep) - 1;
+    const size_t end = line.find_first_of(",}", start);
+    int64_t step = 0;
+    if (end == std::string::npos ||
+        !absl::SimpleAtoi(line.substr(start, end - start), &step)) {
+      continue;
+    }
+    if (keep(step)) out << line << "\n";
+  }
+  out.close();
+  if (!out) {
+    return absl::DataLossError(absl::StrCat("cannot rewrite ", path));
+  }
+  std::error_code ec;
+  fs::rename(temp, path, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace interlock

@@ -1,0 +1,471 @@
+// Checkpoints: the on-disk format (manifest seal, per-file SHA-256, atomic
+// rename, fallback to the previous checkpoint, orphan removal) and a block's
+// training state (save, load, bitwise continuation, refusal of bad archives).
+#include "coordinator/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "coordinator/train.h"
+#include "services/config.h"
+#include "services/digest.h"
+#include "services/trainer.h"
+
+namespace interlock {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = interlock::v1;
+
+std::string MakeTempDir() {
+  std::string tmpl = "/tmp/interlock-ckpt-test-XXXXXX";
+  return mkdtemp(tmpl.data());
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+v1::CheckpointManifest Manifest(int64_t step) {
+  v1::CheckpointManifest m;
+  m.mutable_config()->set_name("unit");
+  m.set_step(step);
+  m.set_total_steps(100);
+  m.mutable_cursor()->set_seed(7);
+  m.mutable_cursor()->set_epoch(step / 10);
+  m.mutable_cursor()->set_offset((step % 10) * 16);
+  m.set_wall_seconds(1.5 * step);
+  return m;
+}
+
+std::vector<std::string> Blobs(int64_t step) {
+  return {std::string(1000, static_cast<char>('a' + step % 26)),
+          "block one at step " + std::to_string(step), ""};
+}
+
+class CheckpointStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { root_ = MakeTempDir(); }
+  void TearDown() override { fs::remove_all(root_); }
+  CheckpointStore Open(int keep = 3) {
+    auto s = CheckpointStore::Open(root_, keep);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *s;
+  }
+  std::string root_;
+};
+
+TEST_F(CheckpointStoreTest, WritesAndReadsBack) {
+  CheckpointStore store = Open();
+  auto dir = store.Write(Manifest(10), Blobs(10));
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, root_ + "/step-0000000010");
+  auto c = ReadCheckpoint(*dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->manifest.step(), 10);
+  EXPECT_EQ(c->manifest.num_blocks(), 3);
+  EXPECT_EQ(c->manifest.cursor().offset(), 0);
+  EXPECT_EQ(c->manifest.cursor().epoch(), 1);
+  EXPECT_EQ(c->blocks, Blobs(10));
+  EXPECT_EQ(c->manifest.files(1).sha256(),
+            Sha256Hex(Blobs(10)[1].data(), Blobs(10)[1].size()));
+  // Nothing temporary is left.
+  for (const auto& e : fs::directory_iterator(root_)) {
+    EXPECT_EQ(e.path().filename().string().rfind(".tmp-", 0), std::string::npos)
+        << e.path();
+  }
+}
+
+TEST_F(CheckpointStoreTest, KeepsTheNewestN) {
+  CheckpointStore store = Open(2);
+  for (int64_t s : {5, 10, 15, 20}) {
+    ASSERT_TRUE(store.Write(Manifest(s), Blobs(s)).ok());
+  }
+  const auto all = store.List();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(fs::path(all[0]).filename(), "step-0000000015");
+  EXPECT_EQ(fs::path(all[1]).filename(), "step-0000000020");
+}
+
+TEST_F(CheckpointStoreTest, FlippedByteIsRefusedAndPreviousIsUsed) {
+  CheckpointStore store = Open();
+  ASSERT_TRUE(store.Write(Manifest(10), Blobs(10)).ok());
+  auto newest = store.Write(Manifest(20), Blobs(20));
+  ASSERT_TRUE(newest.ok());
+  const std::string file = *newest + "/block-0.pt";
+  std::string bytes = ReadFile(file);
+  bytes[500] ^= 0x01;
+  WriteFile(file, bytes);
+
+  auto direct = ReadCheckpoint(*newest);
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(direct.status().message().find("block-0.pt has SHA-256"),
+            std::string::npos)
+      << direct.status();
+
+  std::vector<std::string> refused;
+  auto latest = store.Latest(&refused);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->manifest.step(), 10);
+  EXPECT_EQ(latest->blocks, Blobs(10));
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("step-0000000020"), std::string::npos)
+      << refused[0];
+  EXPECT_NE(refused[0].find("damaged"), std::string::npos) << refused[0];
+}
+
+TEST_F(CheckpointStoreTest, TruncatedFileIsRefusedAndPreviousIsUsed) {
+  CheckpointStore store = Open();
+  ASSERT_TRUE(store.Write(Manifest(10), Blobs(10)).ok());
+  auto newest = store.Write(Manifest(20), Blobs(20));
+  ASSERT_TRUE(newest.ok());
+  fs::resize_file(*newest + "/block-1.pt", 5);
+
+  auto direct = ReadCheckpoint(*newest);
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(direct.status().message().find("block-1.pt is 5 bytes"),
+            std::string::npos)
+      << direct.status();
+  EXPECT_NE(direct.status().message().find("truncated"), std::string::npos);
+
+  std::vector<std::string> refused;
+  auto latest = store.Latest(&refused);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->manifest.step(), 10);
+  EXPECT_EQ(refused.size(), 1u);
+}
+
+TEST_F(CheckpointStoreTest, DamagedOrTruncatedManifestIsRefused) {
+  CheckpointStore store = Open();
+  auto dir = store.Write(Manifest(10), Blobs(10));
+  ASSERT_TRUE(dir.ok());
+  const std::string path = *dir + "/manifest.pbtxt";
+  const std::string good = ReadFile(path);
+  // "step: 10" -> "step: 11": still a valid manifest, caught by the seal.
+  std::string flipped = good;
+  const size_t at = flipped.find("step: 10");
+  ASSERT_NE(at, std::string::npos) << good;
+  flipped[at + 7] = '1';
+  auto a = ParseManifest(flipped);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("damaged"), std::string::npos)
+      << a.status();
+  auto b = ParseManifest(good.substr(0, good.size() / 2));
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kDataLoss);
+  WriteFile(path, good.substr(0, good.size() - 10));
+  EXPECT_FALSE(ReadCheckpoint(*dir).ok());
+  EXPECT_FALSE(Open().Latest(nullptr).has_value());
+}
+
+TEST_F(CheckpointStoreTest, ManifestNamingFilesOutsideTheFolderIsRefused) {
+  v1::CheckpointManifest m = Manifest(3);
+  m.set_format(1);
+  m.set_num_blocks(1);
+  auto* f = m.add_files();
+  f->set_name("../../etc/passwd");
+  f->set_block(0);
+  f->set_bytes(1);
+  f->set_sha256(std::string(64, 'a'));
+  auto r = ParseManifest(SerializeManifest(m));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("unexpected file name"),
+            std::string::npos)
+      << r.status();
+}
+
+// A process that dies after writing everything but before the rename
+// leaves the previous checkpoint loadable; the next start removes the
+// unfinished folder.
+TEST_F(CheckpointStoreTest, CrashBeforeRenameLeavesPreviousLoadable) {
+  {
+    CheckpointStore store = Open();
+    ASSERT_TRUE(store.Write(Manifest(10), Blobs(10)).ok());
+  }
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto s = CheckpointStore::Open(root_, 3);
+    if (!s.ok()) _exit(2);
+    (void)s->Write(Manifest(20), Blobs(20), [] { _exit(0); });
+    _exit(3);  // not reached: the hook exits first
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  int orphans = 0;
+  for (const auto& e : fs::directory_iterator(root_)) {
+    if (e.path().filename().string().rfind(".tmp-step-0000000020", 0) == 0) {
+      ++orphans;
+    }
+  }
+  EXPECT_EQ(orphans, 1);
+
+  std::vector<std::string> removed;
+  auto store = CheckpointStore::Open(root_, 3, &removed);
+  ASSERT_TRUE(store.ok());
+  ASSERT_EQ(removed.size(), 1u);
+  EXPECT_NE(removed[0].find(".tmp-step-0000000020"), std::string::npos);
+  auto latest = store->Latest(nullptr);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->manifest.step(), 10);
+  EXPECT_EQ(store->List().size(), 1u);
+}
+
+// --- A block's training state. ---------------------------------------------
+
+constexpr char kBlock[] = R"pb(
+  model {
+    resnet { architecture: "8,1/16,1" }
+    partition: "2,rest"
+    head: "conv8_bn_gbpl_fc"
+  }
+  data {
+    kind: SYNTHETIC_IMAGES
+    synthetic_shape: [ 3, 12, 12 ]
+    synthetic_classes: 4
+  }
+  schedule { lr: 0.05 }
+  training { mode: INTERLOCK n: 1 batch_size: 8 microbatches: 2 seed: 3 }
+)pb";
+
+std::unique_ptr<BlockTrainer> MakeTrainer(const std::string& optimizer,
+                                          int block = 0) {
+  auto c = ParseRunConfig(std::string(kBlock) + optimizer, "test");
+  EXPECT_TRUE(c.ok()) << c.status();
+  ApplyDefaults(*c);
+  DataShape shape;
+  shape.channels = 3;
+  shape.height = 12;
+  shape.width = 12;
+  shape.classes = 4;
+  auto t = BlockTrainer::Create(*c, shape, block);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(*t);
+}
+
+// Steps [from, to) on deterministic data (block 0: 2 micro-batches of 4).
+void TrainSteps(BlockTrainer& t, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    for (int mb = 0; mb < 2; ++mb) {
+      torch::manual_seed(1000 * s + mb);
+      auto x = torch::randn({4, 3, 12, 12});
+      auto y = torch::randint(0, 4, {4}, torch::kInt64);
+      ASSERT_TRUE(t.Forward(mb, x, y).ok());
+      ASSERT_TRUE(t.Backward(mb, {}).ok());
+    }
+    ASSERT_TRUE(t.Step(0.05).ok());
+    EXPECT_EQ(t.last_applied(), 2);
+  }
+}
+
+std::string Digest(const BlockTrainer& t) {
+  return DigestTensors(t.NamedState());
+}
+
+TEST(BlockState, LoadedStateContinuesBitwise) {
+  for (const char* opt :
+       {"optimizer { kind: SGD momentum: 0.9 nesterov: true }",
+        "optimizer { kind: ADAMW weight_decay: 0.01 }"}) {
+    SCOPED_TRACE(opt);
+    auto a = MakeTrainer(opt);
+    TrainSteps(*a, 0, 3);
+    auto saved = a->SaveState(3);
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    TrainSteps(*a, 3, 6);
+
+    auto b = MakeTrainer(opt);
+    auto step = b->LoadState(*saved, 3);
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_EQ(*step, 3);
+    TrainSteps(*b, 3, 6);
+    EXPECT_EQ(Digest(*a), Digest(*b));
+
+    // Without the optimizer state (momentum, Adam moments) the run differs:
+    // the comparison above can fail.
+    auto c = MakeTrainer(opt);
+    TrainSteps(*c, 0, 3);
+    auto fresh_opt = MakeTrainer(opt);
+    for (size_t i = 0; i < c->NamedState().size(); ++i) {
+      torch::NoGradGuard g;
+      fresh_opt->NamedState()[i].second.copy_(c->NamedState()[i].second);
+    }
+    TrainSteps(*fresh_opt, 3, 6);
+    EXPECT_NE(Digest(*a), Digest(*fresh_opt));
+  }
+}
+
+TEST(BlockState, BadArchivesAreRefusedAndChangeNothing) {
+  const char* opt = "optimizer { kind: SGD momentum: 0.9 }";
+  auto a = MakeTrainer(opt);
+  TrainSteps(*a, 0, 2);
+  auto saved = a->SaveState(2);
+  ASSERT_TRUE(saved.ok());
+
+  auto b = MakeTrainer(opt);
+  const std::string before = Digest(*b);
+  auto wrong_step = b->LoadState(*saved, 5);
+  EXPECT_FALSE(wrong_step.ok());
+  EXPECT_NE(wrong_step.status().message().find("step 2, expected 5"),
+            std::string::npos)
+      << wrong_step.status();
+  auto truncated = b->LoadState(saved->substr(0, saved->size() / 2));
+  EXPECT_FALSE(truncated.ok());
+  auto garbage = b->LoadState("not an archive at all");
+  EXPECT_FALSE(garbage.ok());
+  EXPECT_EQ(Digest(*b), before);
+
+  // Block 1's archive does not fit block 0.
+  auto other = MakeTrainer(opt, 1);
+  auto other_saved = other->SaveState(0);
+  ASSERT_TRUE(other_saved.ok());
+  auto wrong_block = b->LoadState(*other_saved);
+  ASSERT_FALSE(wrong_block.ok());
+  EXPECT_NE(wrong_block.status().message().find("holds block 1"),
+            std::string::npos)
+      << wrong_block.status();
+  EXPECT_EQ(Digest(*b), before);
+}
+
+TEST(BlockState, SavingMidStepIsRefused) {
+  auto a = MakeTrainer("optimizer { kind: SGD }");
+  torch::manual_seed(1);
+  ASSERT_TRUE(a->Forward(0, torch::randn({4, 3, 12, 12}),
+                         torch::zeros({4}, torch::kInt64))
+                  .ok());
+  auto s = a->SaveState(0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// --- Resume through the run driver (in-process engine). ---------------------
+
+v1::RunConfig LoadConfig(const std::string& rel, int64_t steps) {
+  auto c = LoadRunConfig(std::string(INTERLOCK_SOURCE_DIR) + "/" + rel);
+  EXPECT_TRUE(c.ok()) << c.status();
+  c->mutable_training()->set_steps(steps);
+  c->mutable_training()->set_eval_every_steps(5);
+  return *c;
+}
+
+absl::StatusOr<TrainResult> TrainInto(const v1::RunConfig& c,
+                                      const std::string& out,
+                                      std::ostream* log = nullptr) {
+  TrainOptions o;
+  o.quiet = true;
+  o.out_dir = out;
+  o.checkpoint_every = out.empty() ? 0 : 5;
+  static std::ostringstream sink;
+  o.log = log ? log : &sink;
+  return Train(c, o);
+}
+
+// eval.jsonl without its times (they differ from run to run).
+std::string EvalValues(const std::string& path) {
+  static const std::regex kTimes("\"(wall|virtual)_seconds\":[^,]*,");
+  return std::regex_replace(ReadFile(path), kTimes, "");
+}
+
+std::vector<int64_t> MetricSteps(const std::string& path) {
+  std::vector<int64_t> steps;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    steps.push_back(std::stoll(line.substr(8, line.find(',') - 8)));
+  }
+  return steps;
+}
+
+// A run resumed from a checkpoint ends bitwise where the uninterrupted run
+// ends, with complete report files and an exactly-once accounting.
+TEST(Resume, InProcessResumeEqualsUninterruptedRun) {
+  for (const char* config : {"configs/tests/tiny_resnet.pbtxt",
+                             "configs/tests/tiny_transformer.pbtxt"}) {
+    SCOPED_TRACE(config);
+    const v1::RunConfig c = LoadConfig(config, 20);
+    auto plain = TrainInto(c, "");
+    ASSERT_TRUE(plain.ok()) << plain.status();
+
+    const std::string out = MakeTempDir();
+    auto full = TrainInto(c, out);
+    ASSERT_TRUE(full.ok()) << full.status();
+    EXPECT_EQ(full->digest, plain->digest);
+    EXPECT_EQ(full->accounting.checkpoints, 4);
+    const std::string full_eval = EvalValues(out + "/eval.jsonl");
+    ASSERT_NE(full_eval.find("\"step\":15,"), std::string::npos) << full_eval;
+    // As if the run had died after its step-10 checkpoint.
+    fs::remove_all(out + "/checkpoints/step-0000000020");
+    fs::remove_all(out + "/checkpoints/step-0000000015");
+
+    auto resumed = TrainInto(c, out);
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    EXPECT_EQ(resumed->digest, plain->digest);
+    EXPECT_EQ(resumed->accounting.resumed_from_step, 10);
+    EXPECT_EQ(resumed->accounting.microbatches_applied,
+              20 * c.training().microbatches());
+    EXPECT_TRUE(resumed->accounting.steps_not_exactly_once.empty());
+    std::vector<int64_t> want(20);
+    for (int i = 0; i < 20; ++i) want[i] = i;
+    EXPECT_EQ(MetricSteps(out + "/metrics.jsonl"), want);
+    EXPECT_EQ(EvalValues(out + "/eval.jsonl"), full_eval);
+    fs::remove_all(out);
+  }
+}
+
+TEST(Resume, DamagedNewestCheckpointFallsBackToThePreviousOne) {
+  const v1::RunConfig c = LoadConfig("configs/tests/tiny_resnet.pbtxt", 20);
+  auto plain = TrainInto(c, "");
+  ASSERT_TRUE(plain.ok());
+  const std::string out = MakeTempDir();
+  ASSERT_TRUE(TrainInto(c, out).ok());
+  fs::remove_all(out + "/checkpoints/step-0000000020");
+  const std::string file = out + "/checkpoints/step-0000000015/block-1.pt";
+  std::string bytes = ReadFile(file);
+  bytes[bytes.size() / 3] ^= 0x40;
+  WriteFile(file, bytes);
+  std::ostringstream log;
+  auto resumed = TrainInto(c, out, &log);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->accounting.resumed_from_step, 10);
+  EXPECT_EQ(resumed->digest, plain->digest);
+  EXPECT_NE(log.str().find("refused damaged checkpoint"), std::string::npos)
+      << log.str();
+  EXPECT_NE(log.str().find("block-1.pt"), std::string::npos) << log.str();
+  fs::remove_all(out);
+}
+
+TEST(Resume, CheckpointOfAnotherConfigurationIsRefused) {
+  v1::RunConfig c = LoadConfig("configs/tests/tiny_resnet.pbtxt", 10);
+  const std::string out = MakeTempDir();
+  ASSERT_TRUE(TrainInto(c, out).ok());
+  c.mutable_schedule()->set_lr(0.5f);
+  auto other = TrainInto(c, out);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find("different configuration"),
+            std::string::npos)
+      << other.status();
+  EXPECT_NE(other.status().message().find("lr"), std::string::npos)
+      << other.status();
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace interlock
