@@ -14,7 +14,6 @@
 namespace interlock {
 
 namespace fs = std::filesystem;
-namespace v1 = interlock::v1;
 
 absl::StatusOr<std::unique_ptr<RunCheckpoints>> RunCheckpoints::Open(
     const std::string& dir, int keep, std::ostream* log) {

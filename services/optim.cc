@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace interlock {
@@ -52,6 +53,129 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer.kind: unknown value ", spec.kind()));
   }
+}
+
+namespace {
+
+// The key torch::optim uses for a parameter's state.
+std::string StateKey(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+}  // namespace
+
+std::map<std::string, torch::Tensor> Optimizer::StateTensors() const {
+  std::map<std::string, torch::Tensor> out;
+  const auto& params = impl_->param_groups().at(0).params();
+  const auto& state = impl_->state();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = state.find(StateKey(params[i]));
+    if (it == state.end()) continue;
+    const std::string p = absl::StrCat(i, ".");
+    auto put = [&](const char* name, const torch::Tensor& t) {
+      if (t.defined()) out[p + name] = t.detach();
+    };
+    if (kind_ == OptimizerSpec::SGD) {
+      put("momentum_buffer",
+          static_cast<const torch::optim::SGDParamState&>(*it->second)
+              .momentum_buffer());
+      continue;
+    }
+    // AdamWParamState has the same fields as AdamParamState.
+    auto adam = [&](const auto& st) {
+      out[p + "step"] = torch::tensor(st.step(), torch::kInt64);
+      put("exp_avg", st.exp_avg());
+      put("exp_avg_sq", st.exp_avg_sq());
+      put("max_exp_avg_sq", st.max_exp_avg_sq());
+    };
+    if (kind_ == OptimizerSpec::ADAM) {
+      adam(static_cast<const torch::optim::AdamParamState&>(*it->second));
+    } else {
+      adam(static_cast<const torch::optim::AdamWParamState&>(*it->second));
+    }
+  }
+  return out;
+}
+
+absl::Status Optimizer::LoadStateTensors(
+    const std::map<std::string, torch::Tensor>& in, const std::string& what) {
+  const auto& params = impl_->param_groups().at(0).params();
+  // Per parameter: its entries by field name.
+  std::vector<std::map<std::string, torch::Tensor>> per(params.size());
+  for (const auto& [name, t] : in) {
+    const size_t dot = name.find('.');
+    size_t i = 0;
+    if (dot == std::string::npos ||
+        !absl::SimpleAtoi(name.substr(0, dot), &i) || i >= params.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": optimizer entry '", name,
+                       "' names no parameter of the ", params.size()));
+    }
+    const std::string field = name.substr(dot + 1);
+    const bool sgd = kind_ == OptimizerSpec::SGD;
+    if (field == "step" && !sgd) {
+      if (t.scalar_type() != torch::kInt64 || t.dim() != 0 ||
+          t.item<int64_t>() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": optimizer entry '", name,
+                         "' is not a non-negative int64 scalar"));
+      }
+    } else if ((sgd && field == "momentum_buffer") ||
+               (!sgd && (field == "exp_avg" || field == "exp_avg_sq" ||
+                         field == "max_exp_avg_sq"))) {
+      const torch::Tensor& p = params[i];
+      if (t.scalar_type() != p.scalar_type() || t.sizes() != p.sizes()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": optimizer entry '", name, "' is ",
+                         c10::toString(t.scalar_type()), c10::str(t.sizes()),
+                         ", its parameter ", c10::toString(p.scalar_type()),
+                         c10::str(p.sizes())));
+      }
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": optimizer entry '", name,
+                       "' is not state of this optimizer"));
+    }
+    per[i][field] = t;
+  }
+  for (size_t i = 0; i < per.size(); ++i) {
+    const auto& f = per[i];
+    if (f.empty() || kind_ == OptimizerSpec::SGD) continue;
+    if (!f.count("step") || !f.count("exp_avg") || !f.count("exp_avg_sq")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": optimizer state of parameter ", i,
+                       " lacks step, exp_avg or exp_avg_sq"));
+    }
+  }
+  // Everything fits: replace the state (copies, so the archive's storage is
+  // not shared with the parameters' state).
+  auto& state = impl_->state();
+  state.clear();
+  for (size_t i = 0; i < per.size(); ++i) {
+    const auto& f = per[i];
+    if (f.empty()) continue;
+    auto get = [&](const char* field) {
+      auto it = f.find(field);
+      return it == f.end() ? torch::Tensor() : it->second.clone();
+    };
+    auto adam = [&](auto st) {
+      st->step(f.at("step").item<int64_t>());
+      st->exp_avg(get("exp_avg"));
+      st->exp_avg_sq(get("exp_avg_sq"));
+      st->max_exp_avg_sq(get("max_exp_avg_sq"));
+      state[StateKey(params[i])] = std::move(st);
+    };
+    if (kind_ == OptimizerSpec::SGD) {
+      auto st = std::make_unique<torch::optim::SGDParamState>();
+      st->momentum_buffer(get("momentum_buffer"));
+      state[StateKey(params[i])] = std::move(st);
+    } else if (kind_ == OptimizerSpec::ADAM) {
+      adam(std::make_unique<torch::optim::AdamParamState>());
+    } else {
+      adam(std::make_unique<torch::optim::AdamWParamState>());
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Optimizer::Step(double lr) {

@@ -5,9 +5,12 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
 
@@ -22,6 +25,18 @@ class Optimizer {
   void Step(double lr);
   void ZeroGrad();
   torch::optim::Optimizer& impl() { return *impl_; }
+
+  // The per-parameter state as named tensors, for checkpoints: for
+  // parameter i (in the order given to Create) that has state,
+  // "<i>.momentum_buffer" (SGD) or "<i>.step" (an int64 scalar),
+  // "<i>.exp_avg", "<i>.exp_avg_sq" and "<i>.max_exp_avg_sq" (Adam, AdamW;
+  // the last only when defined).
+  std::map<std::string, torch::Tensor> StateTensors() const;
+  // Replaces the state with what StateTensors() gave. Every name, dtype and
+  // shape is checked first (`what` names the source in errors); on error
+  // nothing changes.
+  absl::Status LoadStateTensors(const std::map<std::string, torch::Tensor>& in,
+                                const std::string& what);
 
  private:
   explicit Optimizer(std::unique_ptr<torch::optim::Optimizer> impl,

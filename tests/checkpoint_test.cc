@@ -344,6 +344,70 @@ TEST(BlockState, BadArchivesAreRefusedAndChangeNothing) {
   EXPECT_EQ(Digest(*b), before);
 }
 
+// An archive in the layout of BlockTrainer::SaveState (format 2), built by
+// hand so that tests can damage what the writer never would.
+std::string HandMadeArchive(
+    int64_t block, int64_t step,
+    const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+    const std::vector<std::pair<std::string, torch::Tensor>>& optimizer) {
+  auto dict = [](const auto& named) {
+    c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
+    for (const auto& [name, t] : named) d.insert(name, t);
+    return d;
+  };
+  const std::vector<char> bytes = torch::pickle_save(c10::ivalue::Tuple::create(
+      {c10::IValue(int64_t{2}), c10::IValue(block), c10::IValue(step),
+       dict(tensors), dict(optimizer)}));
+  return std::string(bytes.begin(), bytes.end());
+}
+
+TEST(BlockState, ForgedTensorsAndOptimizerStateAreRefused) {
+  const char* opt = "optimizer { kind: SGD momentum: 0.9 }";
+  auto a = MakeTrainer(opt);
+  TrainSteps(*a, 0, 1);
+  auto b = MakeTrainer(opt);
+  const std::string before = Digest(*b);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& [name, t] : a->NamedState()) {
+    named.emplace_back(name, t.detach().clone());
+  }
+  // The hand-made archive is right: it loads.
+  ASSERT_TRUE(b->LoadState(HandMadeArchive(0, 1, named, {})).ok());
+  b = MakeTrainer(opt);
+
+  // A tensor whose sizes reach past its storage (the file says 4 bytes of
+  // data, the sizes ask for more): refused before any value is read.
+  auto forged = named;
+  torch::Tensor small = torch::zeros({1});
+  small.unsafeGetTensorImpl()->set_sizes_contiguous(forged[0].second.sizes());
+  forged[0].second = small;
+  auto s = b->LoadState(HandMadeArchive(0, 1, forged, {}));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("reaches past its storage"),
+            std::string::npos)
+      << s.status();
+
+  // A momentum buffer of the wrong shape, and state of another optimizer.
+  s = b->LoadState(
+      HandMadeArchive(0, 1, named, {{"0.momentum_buffer", torch::zeros({3})}}));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("optimizer entry '0.momentum_buffer'"),
+            std::string::npos)
+      << s.status();
+  s = b->LoadState(
+      HandMadeArchive(0, 1, named, {{"0.exp_avg", named[0].second}}));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("not state of this optimizer"),
+            std::string::npos)
+      << s.status();
+  s = b->LoadState(
+      HandMadeArchive(0, 1, named, {{"999.momentum_buffer", named[0].second}}));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("names no parameter"), std::string::npos)
+      << s.status();
+  EXPECT_EQ(Digest(*b), before);
+}
+
 TEST(BlockState, SavingMidStepIsRefused) {
   auto a = MakeTrainer("optimizer { kind: SGD }");
   torch::manual_seed(1);

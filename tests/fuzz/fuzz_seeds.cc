@@ -124,6 +124,18 @@ void WorkerSeeds(const std::string& dir) {
       }
     }
     c.add_ops()->mutable_get_state()->set_run_id("seed-run");
+    if (block == 0) {
+      // The checkpoint calls: the state out, and back in at its step.
+      auto* save = c.add_ops()->mutable_save_state();
+      save->set_run_id("seed-run");
+      save->set_generation(1);
+      auto* load = c.add_ops()->mutable_load_state();
+      load->mutable_state()->set_run_id("seed-run");
+      load->mutable_state()->set_generation(1);
+      load->mutable_state()->set_step(1);
+      load->set_seal(true);
+      load->set_last_saved(true);
+    }
     Write(dir, index++, c.SerializeAsString());
   }
   // Evaluation on block 0 of one.

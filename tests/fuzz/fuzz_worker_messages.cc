@@ -1,6 +1,7 @@
 // libFuzzer target: a worker's message handling in process, no network. The
 // input is a FuzzCase: Configure requests, messages on the incoming stream,
-// messages from the next block's link and GetState calls, fed to one
+// messages from the next block's link, GetState, SaveState and LoadState
+// calls, fed to one
 // WorkerCore in order. Whatever the input, the worker must answer with a
 // status and keep serving: no crash, no sanitizer report, no hang.
 #include <google/protobuf/stubs/logging.h>
@@ -9,7 +10,9 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 
+#include "services/digest.h"
 #include "tests/fuzz/fuzz_case.pb.h"
 #include "worker/metrics.h"
 #include "worker/worker_core.h"
@@ -80,6 +83,22 @@ struct Harness {
   interlock::WorkerCore core;
 };
 
+// Runs `call` with a callback and waits until the core answered.
+template <typename Result, typename Call>
+Result Await(Call call) {
+  std::mutex m;
+  std::condition_variable cv;
+  std::optional<Result> result;
+  call([&](Result r) {
+    std::lock_guard<std::mutex> l(m);
+    result = std::move(r);
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> l(m);
+  cv.wait(l, [&] { return result.has_value(); });
+  return *std::move(result);
+}
+
 // Model and data sizes are an authenticated coordinator's choice and are
 // bounded by the pod's memory, not by the worker: keep them small so the
 // fuzzer spends its time on the message checks.
@@ -139,6 +158,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Harness* h = new Harness();  // one worker for the whole session
+  static std::string last_saved;      // the last archive SaveState gave
   interlock::fuzz::FuzzCase input;
   if (!input.ParseFromArray(data, static_cast<int>(size))) return 0;
   auto sink = std::make_shared<Sink>();
@@ -179,6 +199,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case interlock::fuzz::Op::kGetState:
         h->Drain(op.get_state());
         break;
+      case interlock::fuzz::Op::kSaveState: {
+        auto saved = Await<absl::StatusOr<interlock::BlockStateArchive>>(
+            [&](auto done) { h->core.SaveState(op.save_state(), done); });
+        if (saved.ok()) last_saved = std::move(saved->bytes);
+        break;
+      }
+      case interlock::fuzz::Op::kLoadState: {
+        const auto& in = op.load_state();
+        interlock::BlockStateArchive a;
+        a.run_id = in.state().run_id();
+        a.generation = in.state().generation();
+        a.block = in.state().block();
+        a.step = in.state().step();
+        a.bytes = in.last_saved() ? last_saved : in.state().data();
+        a.sha256 = in.seal()
+                       ? interlock::Sha256Hex(a.bytes.data(), a.bytes.size())
+                       : in.state().sha256();
+        (void)Await<absl::StatusOr<int64_t>>(
+            [&](auto done) { h->core.LoadState(std::move(a), done); });
+        break;
+      }
       default:
         break;
     }
