@@ -1,12 +1,18 @@
 #include "services/trainer.h"
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/import_read.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/state_archive.h"
 #include "services/status_macros.h"
 
 namespace interlock {
@@ -472,6 +478,36 @@ absl::Status CheckInBounds(const torch::Tensor& t, const std::string& what) {
   return absl::OkStatus();
 }
 
+// LibTorch's own in-memory reader (behind torch::pickle_load) copies
+// whatever range the zip directory in the file asks for, past the end of
+// the buffer too (found by fuzz_checkpoint_reader); this one stays inside.
+class BoundedReader : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BoundedReader(const std::string& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n,
+              const char* what) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<uint64_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::string& bytes_;
+};
+
+// torch::pickle_load with the bounded reader: plain values and tensors only
+// (no class resolver, so an archive naming any other type is refused).
+c10::IValue PickleLoad(const std::string& bytes) {
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<BoundedReader>(bytes));
+  return torch::jit::readArchiveAndTensors(
+      "data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+      /*type_resolver=*/c10::nullopt, /*obj_loader=*/c10::nullopt,
+      /*device=*/c10::nullopt, reader);
+}
+
 absl::StatusOr<std::map<std::string, torch::Tensor>> NamedFromIValue(
     const c10::IValue& v, const std::string& what) {
   if (!v.isGenericDict()) {
@@ -522,10 +558,8 @@ absl::StatusOr<int64_t> BlockTrainer::LoadState(const std::string& bytes,
                      " micro-batches in flight"));
   }
   return Guard("load state", [&]() -> absl::StatusOr<int64_t> {
-    // Only tensors and plain values are unpickled: no class resolver, so
-    // an archive naming any other type is refused.
-    const c10::IValue v =
-        torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    RETURN_IF_ERROR(CheckStateArchive(bytes, what));
+    const c10::IValue v = PickleLoad(bytes);
     // A copy: gcc's bounds check misreads the tuple's inline storage.
     const std::vector<c10::IValue> e = v.isTuple()
                                            ? v.toTupleRef().elements().vec()

@@ -408,6 +408,54 @@ TEST(BlockState, ForgedTensorsAndOptimizerStateAreRefused) {
   EXPECT_EQ(Digest(*b), before);
 }
 
+// Damage that LibTorch's reader would trust: a string length in the pickle
+// far past the end (the unpickler would reserve it), an entry marked
+// compressed (the zip reader would allocate its claimed size), and an
+// unbalanced pickle stack.
+TEST(BlockState, ArchivesClaimingMoreThanTheyHoldAreRefused) {
+  const char* opt = "optimizer { kind: SGD momentum: 0.9 }";
+  auto a = MakeTrainer(opt);
+  auto saved = a->SaveState(0);
+  ASSERT_TRUE(saved.ok());
+  auto b = MakeTrainer(opt);
+  const std::string before = Digest(*b);
+
+  // The pickle stores each tensor name as BINUNICODE: 'X', a 4-byte
+  // length, the text.
+  std::string huge = *saved;
+  const size_t name = huge.find("block.");
+  ASSERT_NE(name, std::string::npos);
+  ASSERT_EQ(huge[name - 5], 'X');
+  huge.replace(name - 4, 4, std::string("\xf0\xff\xff\x7f", 4));
+  auto s = b->LoadState(huge);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("are left"), std::string::npos)
+      << s.status();
+
+  // Method 8 (deflate) in the first zip directory entry.
+  std::string packed = *saved;
+  const size_t entry = packed.find(std::string("PK\x01\x02", 4));
+  ASSERT_NE(entry, std::string::npos);
+  packed[entry + 10] = 8;
+  s = b->LoadState(packed);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("compressed"), std::string::npos)
+      << s.status();
+
+  // An unbalanced pickle: its first MARK (after PROTO 2) becomes NONE, so a
+  // later TUPLE has no MARK to close (LibTorch would read an empty stack of
+  // marks).
+  std::string unbalanced = *saved;
+  const size_t proto = unbalanced.find(std::string("\x80\x02(", 3));
+  ASSERT_NE(proto, std::string::npos);
+  unbalanced[proto + 2] = 'N';
+  s = b->LoadState(unbalanced);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("pickle opcode"), std::string::npos)
+      << s.status();
+  EXPECT_EQ(Digest(*b), before);
+}
+
 TEST(BlockState, SavingMidStepIsRefused) {
   auto a = MakeTrainer("optimizer { kind: SGD }");
   torch::manual_seed(1);

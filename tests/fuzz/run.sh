@@ -24,10 +24,16 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$work"
   log="$BUILD/fuzz-logs/$t.log"
   echo "fuzz: $t for ${SECONDS_EACH}s (log $log)"
+  # LibTorch 1.13's zip reader leaks its directory (about 800 bytes) when
+  # PyTorchStreamReader's constructor throws on a damaged archive, which the
+  # checkpoint reader's target does on most inputs; its leak check is off
+  # (docs/RELIABILITY.md). Every other target keeps it.
+  extra=()
+  [[ "$t" == fuzz_checkpoint_reader ]] && extra=(-detect_leaks=0)
   set +e
-  # One intra-op thread, as a worker runs; the leak check stays on.
+  # One intra-op thread, as a worker runs.
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
-    "$bin" -max_total_time="$SECONDS_EACH" -print_final_stats=1 \
+    "$bin" -max_total_time="$SECONDS_EACH" -print_final_stats=1 "${extra[@]}" \
     -timeout=60 -rss_limit_mb=4096 -max_len=65536 \
     -artifact_prefix="$BUILD/fuzz-artifacts/$t-" "$work" "$seeds" >"$log" 2>&1
   rc=$?

@@ -1,0 +1,303 @@
+#include "services/state_archive.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace interlock {
+namespace {
+
+// Little-endian reads; callers check the bounds first.
+uint64_t Le(absl::string_view b, size_t at, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) {
+    v = (v << 8) | static_cast<uint8_t>(b[at + i]);
+  }
+  return v;
+}
+
+constexpr uint32_t kEndOfDirectory = 0x06054b50;
+constexpr uint32_t kDirectoryEntry = 0x02014b50;
+constexpr uint32_t kLocalHeader = 0x04034b50;
+constexpr size_t kEndSize = 22;
+constexpr size_t kEntrySize = 46;
+constexpr size_t kLocalSize = 30;
+
+// Walks the pickle: every opcode must be one LibTorch's pickler writes,
+// every argument must fit in what is left, and the stack must stay
+// balanced. LibTorch's unpickler assumes all of it: TUPLE without a MARK
+// reads an empty vector's back() and ends in a bad free.
+absl::Status CheckPickle(absl::string_view p, const std::string& what) {
+  size_t at = 0;
+  uint64_t memo = 0;   // memo slots defined so far (BINPUT numbers them)
+  uint64_t depth = 0;  // values on the unpickler's stack
+  std::vector<uint64_t> marks;  // stack depth at each open MARK
+  auto bad = [&](size_t op_at, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: pickle opcode 0x%02x at byte %d: %s", what,
+                        static_cast<uint8_t>(p[op_at]), op_at, why));
+  };
+  while (at < p.size()) {
+    const size_t op_at = at++;
+    const size_t left = p.size() - at;
+    // Pops `n` values (never from below the innermost MARK), pushes one.
+    auto pop_push = [&](uint64_t n) -> absl::Status {
+      const uint64_t floor = marks.empty() ? 0 : marks.back();
+      if (depth < floor + n) return bad(op_at, "stack underflow");
+      depth = depth - n + 1;
+      return absl::OkStatus();
+    };
+    // Closes the innermost MARK; the values above it are the operands.
+    auto close_mark = [&]() -> absl::StatusOr<uint64_t> {
+      if (marks.empty()) return bad(op_at, "no MARK");
+      const uint64_t m = marks.back();
+      marks.pop_back();
+      return depth - m;
+    };
+    auto fixed = [&](size_t n) -> absl::Status {
+      if (n > left) return bad(op_at, "argument runs past the end");
+      at += n;
+      return pop_push(0);
+    };
+    // A length prefix of `n` bytes, then that many bytes.
+    auto counted = [&](int n) -> absl::Status {
+      if (static_cast<size_t>(n) > left) {
+        return bad(op_at, "length runs past the end");
+      }
+      const uint64_t len = Le(p, at, n);
+      if (len > left - n) {
+        return bad(op_at, absl::StrCat("says ", len, " bytes, ", left - n,
+                                       " are left"));
+      }
+      at += n + len;
+      return pop_push(0);
+    };
+    // SETITEMS / APPENDS: the operands go into the container below them.
+    auto fill = [&](bool pairs) -> absl::Status {
+      absl::StatusOr<uint64_t> n = close_mark();
+      if (!n.ok()) return n.status();
+      if (pairs && *n % 2 != 0) return bad(op_at, "odd number of items");
+      depth -= *n;
+      const uint64_t floor = marks.empty() ? 0 : marks.back();
+      if (depth < floor + 1) return bad(op_at, "no container");
+      return absl::OkStatus();
+    };
+    absl::Status s;
+    switch (static_cast<uint8_t>(p[op_at])) {
+      case 0x80:  // PROTO
+        if (left < 1 || p[at] != 2) return bad(op_at, "not protocol 2");
+        at += 1;
+        break;
+      case '.':  // STOP
+        if (at != p.size()) return bad(op_at, "bytes after STOP");
+        if (depth != 1 || !marks.empty()) {
+          return bad(op_at, "unbalanced stack at the end");
+        }
+        return absl::OkStatus();
+      case 'c': {  // GLOBAL: "module\nname\n"
+        for (int line = 0; line < 2; ++line) {
+          const size_t nl = p.find('\n', at);
+          if (nl == absl::string_view::npos || nl - at > 256) {
+            return bad(op_at, "unterminated or long name");
+          }
+          at = nl + 1;
+        }
+        s = pop_push(0);
+        break;
+      }
+      case '(':  // MARK
+        marks.push_back(depth);
+        break;
+      case ')':   // EMPTY_TUPLE
+      case ']':   // EMPTY_LIST
+      case '}':   // EMPTY_DICT
+      case 'N':   // NONE
+      case 0x88:  // NEWTRUE
+      case 0x89:  // NEWFALSE
+        s = pop_push(0);
+        break;
+      case 'Q':   // BINPERSID
+      case 0x85:  // TUPLE1
+        s = pop_push(1);
+        break;
+      case 'R':   // REDUCE
+      case 'b':   // BUILD
+      case 'a':   // APPEND
+      case 0x86:  // TUPLE2
+        s = pop_push(2);
+        break;
+      case 's':   // SETITEM
+      case 0x87:  // TUPLE3
+        s = pop_push(3);
+        break;
+      case 't': {  // TUPLE
+        absl::StatusOr<uint64_t> n = close_mark();
+        if (!n.ok()) return n.status();
+        depth = depth - *n + 1;
+        break;
+      }
+      case 'e':  // APPENDS
+        s = fill(/*pairs=*/false);
+        break;
+      case 'u':  // SETITEMS
+        s = fill(/*pairs=*/true);
+        break;
+      case 'K':  // BININT1
+        s = fixed(1);
+        break;
+      case 'M':  // BININT2
+        s = fixed(2);
+        break;
+      case 'J':  // BININT
+        s = fixed(4);
+        break;
+      case 'G':  // BINFLOAT
+        s = fixed(8);
+        break;
+      case 0x8a:  // LONG1: LibTorch reads at most 8 bytes
+        if (left < 1 || static_cast<uint8_t>(p[at]) > 8) {
+          return bad(op_at, "integer longer than 8 bytes");
+        }
+        s = counted(1);
+        break;
+      case 'X':  // BINUNICODE
+      case 'B':  // BINBYTES
+        s = counted(4);
+        break;
+      case 0x8c:  // SHORT_BINUNICODE
+      case 'C':   // SHORT_BINBYTES
+        s = counted(1);
+        break;
+      case 'q':    // BINPUT
+      case 'r': {  // LONG_BINPUT
+        const int n = p[op_at] == 'q' ? 1 : 4;
+        if (static_cast<size_t>(n) > left) return bad(op_at, "cut short");
+        const uint64_t id = Le(p, at, n);
+        // The pickler numbers memo slots 0, 1, 2, ...; a larger number
+        // would make the unpickler reserve room for all slots up to it.
+        if (id > memo) return bad(op_at, absl::StrCat("memo slot ", id));
+        if (depth == 0) return bad(op_at, "empty stack");
+        if (id == memo) ++memo;
+        at += n;
+        break;
+      }
+      case 'h':    // BINGET
+      case 'j': {  // LONG_BINGET
+        const int n = p[op_at] == 'h' ? 1 : 4;
+        if (static_cast<size_t>(n) > left) return bad(op_at, "cut short");
+        if (Le(p, at, n) >= memo) return bad(op_at, "undefined memo slot");
+        at += n;
+        s = pop_push(0);
+        break;
+      }
+      default:
+        return bad(op_at, "not written by LibTorch's pickler");
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": pickle does not end in STOP"));
+}
+
+}  // namespace
+
+absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", why));
+  };
+  if (b.size() < kEndSize) return bad("too short for a zip archive");
+  // The end-of-directory record: the last one, within its comment's reach.
+  size_t end = absl::string_view::npos;
+  const size_t lowest =
+      b.size() > kEndSize + 0xffff ? b.size() - kEndSize - 0xffff : 0;
+  for (size_t i = b.size() - kEndSize + 1; i-- > lowest;) {
+    if (Le(b, i, 4) == kEndOfDirectory) {
+      end = i;
+      break;
+    }
+  }
+  if (end == absl::string_view::npos) return bad("no zip directory");
+  const uint64_t entries = Le(b, end + 10, 2);
+  const uint64_t dir_size = Le(b, end + 12, 4);
+  const uint64_t dir_at = Le(b, end + 16, 4);
+  if (Le(b, end + 4, 2) != 0 || Le(b, end + 6, 2) != 0 ||
+      Le(b, end + 8, 2) != entries) {
+    return bad("multi-part zip archive");
+  }
+  if (entries == 0xffff || dir_size == 0xffffffff || dir_at == 0xffffffff) {
+    return bad("zip64 archive (block states are under 4 GiB)");
+  }
+  if (dir_at + dir_size > end) return bad("zip directory out of bounds");
+  absl::string_view pickle;
+  int pickles = 0;
+  // LibTorch takes the folder of the first entry as the archive's name and
+  // needs its version record; its reader leaks when it throws for want of
+  // them, so they are checked here.
+  std::string folder;
+  absl::string_view version;
+  size_t at = dir_at;
+  for (uint64_t k = 0; k < entries; ++k) {
+    if (at + kEntrySize > dir_at + dir_size ||
+        Le(b, at, 4) != kDirectoryEntry) {
+      return bad(absl::StrCat("zip directory entry ", k, " is damaged"));
+    }
+    const uint64_t flags = Le(b, at + 8, 2);
+    const uint64_t method = Le(b, at + 10, 2);
+    const uint64_t packed = Le(b, at + 20, 4);
+    const uint64_t size = Le(b, at + 24, 4);
+    const uint64_t name_len = Le(b, at + 28, 2);
+    const uint64_t extra_len = Le(b, at + 30, 2);
+    const uint64_t comment_len = Le(b, at + 32, 2);
+    const uint64_t local = Le(b, at + 42, 4);
+    const size_t next = at + kEntrySize + name_len + extra_len + comment_len;
+    if (next > dir_at + dir_size) {
+      return bad(absl::StrCat("zip directory entry ", k, " is damaged"));
+    }
+    const std::string name(b.substr(at + kEntrySize, name_len));
+    const std::string entry = absl::StrCat("zip entry '", name, "'");
+    if (method != 0 || packed != size || (flags & 1) != 0) {
+      return bad(entry + " is compressed or encrypted; LibTorch stores");
+    }
+    if (local + kLocalSize > dir_at || Le(b, local, 4) != kLocalHeader) {
+      return bad(entry + ": local header out of bounds or damaged");
+    }
+    const uint64_t data_at =
+        local + kLocalSize + Le(b, local + 26, 2) + Le(b, local + 28, 2);
+    if (data_at + size > dir_at) {
+      return bad(entry + ": data out of bounds");
+    }
+    if (k == 0) {
+      const size_t slash = name.find('/');
+      if (slash == std::string::npos || slash == 0) {
+        return bad(entry + " is not in a folder");
+      }
+      folder = name.substr(0, slash + 1);
+    } else if (!absl::StartsWith(name, folder)) {
+      return bad(absl::StrCat(entry, " is not in '", folder, "'"));
+    }
+    if (name == folder + "data.pkl") {
+      ++pickles;
+      pickle = b.substr(data_at, size);
+    }
+    if (name == folder + "version") version = b.substr(data_at, size);
+    at = next;
+  }
+  if (pickles != 1) {
+    return bad(absl::StrCat(pickles, " data.pkl entries, expected 1"));
+  }
+  // LibTorch 1.13 reads format versions 1 to 10.
+  int v = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(version), &v) || v < 1 ||
+      v > 10) {
+    return bad("no usable version record");
+  }
+  return CheckPickle(pickle, what);
+}
+
+}  // namespace interlock
