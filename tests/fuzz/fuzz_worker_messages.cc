@@ -1,9 +1,9 @@
 // libFuzzer target: a worker's message handling in process, no network. The
 // input is a FuzzCase: Configure requests, messages on the incoming stream,
 // messages from the next block's link, GetState, SaveState and LoadState
-// calls, fed to one
-// WorkerCore in order. Whatever the input, the worker must answer with a
-// status and keep serving: no crash, no sanitizer report, no hang.
+// calls, fed to one WorkerCore in order. Whatever the input, the worker must
+// answer with a status and keep serving: no crash, no sanitizer report, no
+// hang.
 #include <google/protobuf/stubs/logging.h>
 
 #include <algorithm>
@@ -169,17 +169,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (op.kind_case()) {
       case interlock::fuzz::Op::kConfigure: {
         Clamp(op.mutable_configure());
-        std::mutex m;
-        std::condition_variable cv;
-        bool done = false;
-        h->core.Configure(op.configure(),
-                          [&](absl::StatusOr<v1::ConfigureResponse>) {
-                            std::lock_guard<std::mutex> l(m);
-                            done = true;
-                            cv.notify_all();
-                          });
-        std::unique_lock<std::mutex> l(m);
-        cv.wait(l, [&] { return done; });
+        (void)Await<absl::StatusOr<v1::ConfigureResponse>>(
+            [&](auto done) { h->core.Configure(op.configure(), done); });
         break;
       }
       case interlock::fuzz::Op::kDown:
