@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,10 @@ uint64_t Le(absl::string_view b, size_t at, int n) {
 constexpr uint32_t kEndOfDirectory = 0x06054b50;
 constexpr uint32_t kDirectoryEntry = 0x02014b50;
 constexpr uint32_t kLocalHeader = 0x04034b50;
+constexpr uint32_t kZip64Locator = 0x07064b50;
+constexpr uint32_t kZip64Record = 0x06064b50;
+constexpr size_t kLocatorSize = 20;
+constexpr size_t kZip64RecordSize = 56;
 constexpr size_t kEndSize = 22;
 constexpr size_t kEntrySize = 46;
 constexpr size_t kLocalSize = 30;
@@ -223,17 +228,38 @@ absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
     }
   }
   if (end == absl::string_view::npos) return bad("no zip directory");
-  const uint64_t entries = Le(b, end + 10, 2);
-  const uint64_t dir_size = Le(b, end + 12, 4);
-  const uint64_t dir_at = Le(b, end + 16, 4);
+  uint64_t entries = Le(b, end + 10, 2);
+  uint64_t dir_size = Le(b, end + 12, 4);
+  uint64_t dir_at = Le(b, end + 16, 4);
   if (Le(b, end + 4, 2) != 0 || Le(b, end + 6, 2) != 0 ||
       Le(b, end + 8, 2) != entries) {
     return bad("multi-part zip archive");
   }
-  if (entries == 0xffff || dir_size == 0xffffffff || dir_at == 0xffffffff) {
-    return bad("zip64 archive (block states are under 4 GiB)");
+  // LibTorch's writer adds a zip64 record and its locator just before the
+  // end record, and its reader then takes the directory from the zip64
+  // record: so does this check.
+  size_t dir_end = end;
+  if (end >= kLocatorSize && Le(b, end - kLocatorSize, 4) == kZip64Locator) {
+    const size_t locator = end - kLocatorSize;
+    const uint64_t record = Le(b, locator + 8, 8);
+    if (Le(b, locator + 4, 4) != 0 || Le(b, locator + 16, 4) != 1 ||
+        record > locator || locator - record < kZip64RecordSize ||
+        Le(b, record, 4) != kZip64Record) {
+      return bad("damaged zip64 record");
+    }
+    entries = Le(b, record + 32, 8);
+    dir_size = Le(b, record + 40, 8);
+    dir_at = Le(b, record + 48, 8);
+    if (Le(b, record + 16, 4) != 0 || Le(b, record + 20, 4) != 0 ||
+        Le(b, record + 24, 8) != entries) {
+      return bad("multi-part zip archive");
+    }
+    dir_end = record;
   }
-  if (dir_at + dir_size > end) return bad("zip directory out of bounds");
+  if (dir_at > dir_end || dir_size > dir_end - dir_at ||
+      entries > dir_size / kEntrySize) {
+    return bad("zip directory out of bounds");
+  }
   absl::string_view pickle;
   int pickles = 0;
   // LibTorch takes the folder of the first entry as the archive's name and
@@ -260,7 +286,9 @@ absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
       return bad(absl::StrCat("zip directory entry ", k, " is damaged"));
     }
     const std::string name(b.substr(at + kEntrySize, name_len));
-    const std::string entry = absl::StrCat("zip entry '", name, "'");
+    // Names come from the file: escaped and cut short in messages.
+    const std::string entry =
+        absl::StrCat("zip entry '", absl::CHexEscape(name.substr(0, 64)), "'");
     if (method != 0 || packed != size || (flags & 1) != 0) {
       return bad(entry + " is compressed or encrypted; LibTorch stores");
     }
@@ -279,7 +307,7 @@ absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
       }
       folder = name.substr(0, slash + 1);
     } else if (!absl::StartsWith(name, folder)) {
-      return bad(absl::StrCat(entry, " is not in '", folder, "'"));
+      return bad(absl::StrCat(entry, " is not in the folder of the first"));
     }
     if (name == folder + "data.pkl") {
       ++pickles;

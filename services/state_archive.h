@@ -13,11 +13,12 @@
 
 namespace interlock {
 
-// OK when `bytes` is a zip (no zip64, no encryption) whose every entry is
-// stored uncompressed inside the buffer and in one folder, with a version
-// record and one data.pkl entry holding a protocol-2 pickle that uses only
-// the opcodes LibTorch's pickler writes, every length and memo index within
-// bounds, ending in STOP.
+// OK when `bytes` is a zip of one part, without encryption (its directory
+// taken from the zip64 record when there is one, as LibTorch's reader
+// does), whose entries are all under 4 GiB, stored uncompressed inside the
+// buffer and in one folder, with a version record and one data.pkl entry
+// holding a protocol-2 pickle that uses only the opcodes LibTorch's pickler
+// writes, every length and memo index within bounds, ending in STOP.
 // Otherwise INVALID_ARGUMENT naming `what` and the first problem.
 absl::Status CheckStateArchive(absl::string_view bytes,
                                const std::string& what);
