@@ -16,23 +16,9 @@
 #include "services/config.h"
 #include "services/digest.h"
 #include "services/trainer.h"
+#include "tests/fuzz/checkpoint_model.h"
 
 namespace {
-
-constexpr char kConfig[] = R"pb(
-  model {
-    resnet { architecture: "8,1/16,1" }
-    partition: "1,rest"
-    head: "gbpl_fc"
-  }
-  data {
-    kind: SYNTHETIC_IMAGES
-    synthetic_shape: [ 3, 8, 8 ]
-    synthetic_classes: 4
-  }
-  optimizer { kind: ADAM }
-  training { mode: INTERLOCK n: 2 batch_size: 4 microbatches: 2 }
-)pb";
 
 std::unique_ptr<interlock::BlockTrainer> g_trainer;
 
@@ -44,17 +30,14 @@ std::string StateDigest() {
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   google::protobuf::SetLogHandler(nullptr);
-  auto config = interlock::ParseRunConfig(kConfig, "fuzz");
+  auto config =
+      interlock::ParseRunConfig(interlock::fuzz::kCheckpointModel, "fuzz");
   if (!config.ok()) {
     std::cerr << config.status() << "\n";
     std::abort();
   }
-  interlock::DataShape shape;
-  shape.channels = 3;
-  shape.height = 8;
-  shape.width = 8;
-  shape.classes = 4;
-  auto trainer = interlock::BlockTrainer::Create(*config, shape, /*block=*/0);
+  auto trainer = interlock::BlockTrainer::Create(
+      *config, interlock::fuzz::CheckpointModelShape(), /*block=*/0);
   if (!trainer.ok()) {
     std::cerr << trainer.status() << "\n";
     std::abort();

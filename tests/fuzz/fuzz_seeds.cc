@@ -12,6 +12,7 @@
 #include "services/models.h"
 #include "services/trainer.h"
 #include "services/wire.h"
+#include "tests/fuzz/checkpoint_model.h"
 #include "tests/fuzz/fuzz_case.pb.h"
 
 namespace {
@@ -194,18 +195,16 @@ void TensorSeeds(const std::string& dir) {
 
 // The checkpoint reader's input is a tag byte (0: manifest, 1: a block's
 // archive) and the bytes; the seeds come from a real checkpoint of the
-// target's model (kResNet with partition "1,rest").
+// target's model (tests/fuzz/checkpoint_model.h).
 void CheckpointSeeds(const std::string& dir) {
-  auto config = interlock::ParseRunConfig(kResNet, "seed");
-  config->mutable_model()->set_partition("1,rest");
-  config->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
-  interlock::DataShape images;
-  images.channels = 3;
-  images.height = images.width = 8;
-  images.classes = 4;
+  auto config =
+      interlock::ParseRunConfig(interlock::fuzz::kCheckpointModel, "seed");
   std::vector<std::string> archives;
   for (int block : {0, 1}) {
-    auto t = interlock::BlockTrainer::Create(*config, images, block);
+    auto t = config.ok()
+                 ? interlock::BlockTrainer::Create(
+                       *config, interlock::fuzz::CheckpointModelShape(), block)
+                 : config.status();
     auto a = t.ok() ? (*t)->SaveState(0) : t.status();
     if (!a.ok()) {
       std::cerr << a.status() << "\n";

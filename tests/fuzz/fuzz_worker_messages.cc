@@ -45,6 +45,22 @@ struct Link : interlock::DownstreamLink {
   void Close() override {}
 };
 
+// Runs `call` with a callback and waits until the core answered.
+template <typename Result, typename Call>
+Result Await(Call call) {
+  std::mutex m;
+  std::condition_variable cv;
+  std::optional<Result> result;
+  call([&](Result r) {
+    std::lock_guard<std::mutex> l(m);
+    result = std::move(r);
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> l(m);
+  cv.wait(l, [&] { return result.has_value(); });
+  return *std::move(result);
+}
+
 struct Harness {
   Harness()
       : core(Options(), &metrics,
@@ -65,16 +81,8 @@ struct Harness {
   // Waits until everything posted to the executor so far has run (it is
   // one FIFO thread; GetState answers in order).
   void Drain(const v1::GetStateRequest& request = {}) {
-    std::mutex m;
-    std::condition_variable cv;
-    bool done = false;
-    core.GetState(request, [&](absl::StatusOr<v1::GetStateResponse>) {
-      std::lock_guard<std::mutex> l(m);
-      done = true;
-      cv.notify_all();
-    });
-    std::unique_lock<std::mutex> l(m);
-    cv.wait(l, [&] { return done; });
+    (void)Await<absl::StatusOr<v1::GetStateResponse>>(
+        [&](auto done) { core.GetState(request, done); });
   }
 
   interlock::WorkerMetrics metrics;
@@ -82,22 +90,6 @@ struct Harness {
   std::function<void(v1::UpMessage)> from_below;
   interlock::WorkerCore core;
 };
-
-// Runs `call` with a callback and waits until the core answered.
-template <typename Result, typename Call>
-Result Await(Call call) {
-  std::mutex m;
-  std::condition_variable cv;
-  std::optional<Result> result;
-  call([&](Result r) {
-    std::lock_guard<std::mutex> l(m);
-    result = std::move(r);
-    cv.notify_all();
-  });
-  std::unique_lock<std::mutex> l(m);
-  cv.wait(l, [&] { return result.has_value(); });
-  return *std::move(result);
-}
 
 // Model and data sizes are an authenticated coordinator's choice and are
 // bounded by the pod's memory, not by the worker: keep them small so the
