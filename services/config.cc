@@ -82,6 +82,15 @@ void ApplyDefaults(RunConfig& c) {
   if (s->lr() == 0) s->set_lr(0.1f);
 }
 
+absl::Status CheckLearningRate(double lr, const std::string& what) {
+  if (!std::isfinite(lr) || lr < 0 || lr > kMaxLearningRate) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": learning rate ", lr, " is not a finite number in [0, ",
+        kMaxLearningRate, "]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRunConfig(const RunConfig& c) {
   const auto& t = c.training();
   ASSIGN_OR_RETURN(int k, NumBlocks(c.model()));

@@ -24,6 +24,14 @@ void ApplyDefaults(interlock::v1::RunConfig& config);
 // Errors name the field.
 absl::Status ValidateRunConfig(const interlock::v1::RunConfig& config);
 
+// The largest learning rate a block accepts: parameters are float32, and
+// LibTorch refuses to turn a larger scalar into one.
+inline constexpr double kMaxLearningRate = 3.4028234663852886e38;
+
+// A learning rate from a schedule or the wire: finite, >= 0 and at most
+// kMaxLearningRate. The error starts with `what`.
+absl::Status CheckLearningRate(double lr, const std::string& what);
+
 }  // namespace interlock
 
 #endif  // INTERLOCK_SERVICES_CONFIG_H_

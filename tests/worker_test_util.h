@@ -1,0 +1,213 @@
+// Helpers for tests that drive one real interlock-worker process over gRPC:
+// requests for a one-block run, the Worker calls with an optional bearer
+// token, certificates, and a fixture that starts and stops workers.
+#ifndef INTERLOCK_TESTS_WORKER_TEST_UTIL_H_
+#define INTERLOCK_TESTS_WORKER_TEST_UTIL_H_
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "proto/worker.grpc.pb.h"
+#include "services/config.h"
+#include "services/wire.h"
+#include "tests/cluster_util.h"
+#include "tests/test_util.h"
+
+namespace interlock::worker_test {
+
+namespace v1 = interlock::v1;
+using interlock::testing::MakeTempDir;
+using interlock::testing::ReadFile;
+using interlock::testing::RunCommand;
+using interlock::testing::StartWorker;
+using interlock::testing::StopWorker;
+using interlock::testing::WorkerProcess;
+
+inline const std::string kWorker = INTERLOCK_WORKER;
+inline const std::string kCli = INTERLOCK_CLI;
+inline const std::string kSrc = INTERLOCK_SOURCE_DIR;
+
+inline void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+// A CA and a certificate it signs for 127.0.0.1 (server and client use),
+// made with the openssl CLI: DIR/NAME-ca.pem, DIR/NAME.pem, DIR/NAME.key.
+inline void MakeCertificates(const std::string& dir, const std::string& name) {
+  const std::string p = dir + "/" + name;
+  WriteFile(p + ".ext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+            "basicConstraints=CA:FALSE\n");
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 ";
+  const std::string script =
+      "set -e; openssl req -x509 -nodes" + ec + "-keyout " + p +
+      "-ca.key -out " + p + "-ca.pem -days 2 -subj /CN=" + name +
+      "-ca; openssl req -nodes" + ec + "-keyout " + p + ".key -out " + p +
+      ".csr -subj /CN=" + name + "; openssl x509 -req -in " + p + ".csr -CA " +
+      p + "-ca.pem -CAkey " + p + "-ca.key -CAcreateserial -out " + p +
+      ".pem -days 2 -extfile " + p + ".ext";
+  auto r = RunCommand("bash -c '" + script + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+inline constexpr char kOneBlock[] = R"pb(
+  model {
+    resnet { architecture: "8,1" }
+    partition: "rest"
+  }
+  data {
+    kind: SYNTHETIC_IMAGES
+    synthetic_shape: [ 3, 8, 8 ]
+    synthetic_classes: 4
+  }
+  training { mode: INTERLOCK n: 1 batch_size: 2 microbatches: 1 }
+)pb";
+
+inline v1::ConfigureRequest OneBlockRequest(const std::string& run_id) {
+  v1::ConfigureRequest req;
+  req.set_run_id(run_id);
+  req.set_generation(1);
+  auto config = ParseRunConfig(kOneBlock, "test");
+  EXPECT_TRUE(config.ok()) << config.status();
+  *req.mutable_config() = *config;
+  req.set_block(0);
+  req.set_num_blocks(1);
+  auto* s = req.mutable_shape();
+  s->set_channels(3);
+  s->set_height(8);
+  s->set_width(8);
+  s->set_classes(4);
+  req.set_max_message_bytes(1 << 20);
+  return req;
+}
+
+inline v1::DownMessage Forward(const std::string& run_id, int64_t step) {
+  v1::DownMessage m;
+  m.mutable_header()->set_run_id(run_id);
+  m.mutable_header()->set_generation(1);
+  auto* f = m.mutable_forward();
+  f->set_step(step);
+  f->set_microbatches(1);
+  f->set_learning_rate(0.1);
+  EncodeTensor(torch::rand({2, 3, 8, 8}), f->mutable_input());
+  EncodeTensor(torch::tensor({1, 3}, torch::kInt64), f->mutable_target());
+  return m;
+}
+
+inline void Deadline(grpc::ClientContext* ctx, int seconds = 20) {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::seconds(seconds));
+}
+
+inline grpc::Status Configure(v1::Worker::Stub* stub, const std::string& run_id,
+                              const std::string& authorization = "") {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+  v1::ConfigureResponse resp;
+  return stub->Configure(&ctx, OneBlockRequest(run_id), &resp);
+}
+
+inline grpc::Status GetState(v1::Worker::Stub* stub,
+                             const std::string& authorization = "") {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+  v1::GetStateResponse resp;
+  return stub->GetState(&ctx, v1::GetStateRequest(), &resp);
+}
+
+// SaveState of run `run_id` generation 1; the chunks it sent go to `chunks`.
+inline grpc::Status SaveState(v1::Worker::Stub* stub, const std::string& run_id,
+                              const std::string& authorization,
+                              std::vector<v1::StateChunk>* chunks) {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+  v1::SaveStateRequest req;
+  req.set_run_id(run_id);
+  req.set_generation(1);
+  auto reader = stub->SaveState(&ctx, req);
+  v1::StateChunk c;
+  while (reader->Read(&c)) chunks->push_back(c);
+  return reader->Finish();
+}
+
+inline grpc::Status LoadState(v1::Worker::Stub* stub,
+                              const std::string& authorization,
+                              const std::vector<v1::StateChunk>& chunks) {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+  v1::LoadStateResponse resp;
+  auto writer = stub->LoadState(&ctx, &resp);
+  for (const auto& c : chunks) {
+    if (!writer->Write(c)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+// Sends `m` on a new stream; the stream's status, and whether an upward
+// completion came back.
+inline grpc::Status StreamOnce(v1::Worker::Stub* stub, const v1::DownMessage& m,
+                               bool* completed = nullptr,
+                               const std::string& authorization = "") {
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+  auto stream = stub->Stream(&ctx);
+  stream->Write(m);
+  v1::UpMessage up;
+  bool got = false;
+  while (!got && stream->Read(&up)) got = up.has_upward();
+  stream->WritesDone();
+  while (stream->Read(&up)) {
+  }
+  if (completed) *completed = got;
+  return stream->Finish();
+}
+
+inline std::shared_ptr<grpc::Channel> Plaintext(const WorkerProcess& w) {
+  return grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials());
+}
+
+class WorkerFixture : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeTempDir("w"); }
+  void TearDown() override {
+    for (auto& w : workers_) {
+      if (HasFailure()) {
+        std::cerr << "worker log:\n" << ReadFile(log_of_[w.pid]) << "\n";
+      }
+      StopWorker(w);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  WorkerProcess Start(const std::vector<std::string>& flags) {
+    const int index = static_cast<int>(workers_.size());
+    WorkerProcess w = StartWorker(kWorker, dir_, index, flags);
+    EXPECT_GT(w.port, 0) << ReadFile(dir_ + "/w" + std::to_string(index) +
+                                     ".log");
+    log_of_[w.pid] = dir_ + "/w" + std::to_string(index) + ".log";
+    workers_.push_back(w);
+    return w;
+  }
+  std::string dir_;
+  std::vector<WorkerProcess> workers_;
+  std::map<pid_t, std::string> log_of_;
+};
+
+// --- Bearer token. ---------------------------------------------------------
+
+}  // namespace interlock::worker_test
+
+#endif  // INTERLOCK_TESTS_WORKER_TEST_UTIL_H_
