@@ -1,6 +1,10 @@
 #include "services/state_archive.h"
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/import_read.h>
+
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -10,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/status_macros.h"
 
 namespace interlock {
 namespace {
@@ -326,6 +331,154 @@ absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
     return bad("no usable version record");
   }
   return CheckPickle(pickle, what);
+}
+
+namespace {
+
+// Version 2: torch::pickle_save of (format, block, step, tensors, optimizer)
+// (the zip format of torch.save). Version 1 used torch::serialize archives,
+// whose reader compiles the TorchScript type definitions stored in the file
+// and crashed on damaged ones (found by fuzz_checkpoint_reader).
+constexpr int64_t kStateFormat = 2;
+
+c10::IValue NamedToIValue(const std::map<std::string, torch::Tensor>& named) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, t] : named) d.insert(name, t.detach());
+  return d;
+}
+
+// The unpickler builds tensors from the sizes, strides and offsets in the
+// file without checking them against their storage; check before any
+// value is read.
+absl::Status CheckInBounds(const torch::Tensor& t, const std::string& what) {
+  if (!t.defined() || t.layout() != torch::kStrided || !t.device().is_cpu() ||
+      t.is_quantized() || !t.has_storage()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": not a dense CPU tensor"));
+  }
+  int64_t numel = 1;
+  for (const int64_t d : t.sizes()) {
+    if (d < 0 || __builtin_mul_overflow(numel, d, &numel)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": invalid sizes ", c10::str(t.sizes())));
+    }
+  }
+  if (!t.is_contiguous() || t.storage_offset() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": not a contiguous tensor"));
+  }
+  int64_t end = 0;
+  int64_t bytes = 0;
+  if (__builtin_add_overflow(t.storage_offset(), numel, &end) ||
+      __builtin_mul_overflow(end, static_cast<int64_t>(t.element_size()),
+                             &bytes) ||
+      bytes > static_cast<int64_t>(t.storage().nbytes())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", c10::str(t.sizes()), " at offset ", t.storage_offset(),
+        " reaches past its storage of ", t.storage().nbytes(), " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// LibTorch's own in-memory reader (behind torch::pickle_load) copies
+// whatever range the zip directory in the file asks for, past the end of
+// the buffer too (found by fuzz_checkpoint_reader); this one stays inside.
+class BoundedReader : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BoundedReader(const std::string& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n,
+              const char* what) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<uint64_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::string& bytes_;
+};
+
+// torch::pickle_load with the bounded reader: plain values and tensors only
+// (no class resolver, so an archive naming any other type is refused).
+c10::IValue PickleLoad(const std::string& bytes) {
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<BoundedReader>(bytes));
+  return torch::jit::readArchiveAndTensors(
+      "data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+      /*type_resolver=*/c10::nullopt, /*obj_loader=*/c10::nullopt,
+      /*device=*/c10::nullopt, reader);
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> NamedFromIValue(
+    const c10::IValue& v, const std::string& what) {
+  if (!v.isGenericDict()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": not a dictionary of tensors"));
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& e : v.toGenericDict()) {
+    if (!e.key().isString() || !e.value().isTensor()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": an entry is not a name and a tensor"));
+    }
+    const std::string name = e.key().toStringRef();
+    const torch::Tensor& t = e.value().toTensor();
+    RETURN_IF_ERROR(CheckInBounds(t, absl::StrCat(what, " '", name, "'")));
+    out[name] = t;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeBlockState(const BlockStateRecord& record) {
+  try {
+    const std::vector<char> bytes =
+        torch::pickle_save(c10::ivalue::Tuple::create(
+            {c10::IValue(kStateFormat), c10::IValue(record.block),
+             c10::IValue(record.step), NamedToIValue(record.tensors),
+             NamedToIValue(record.optimizer)}));
+    return std::string(bytes.begin(), bytes.end());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(
+        "block ", record.block, " state: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<BlockStateRecord> DecodeBlockState(const std::string& bytes,
+                                                  const std::string& what) {
+  RETURN_IF_ERROR(CheckStateArchive(bytes, what));
+  try {
+    const c10::IValue v = PickleLoad(bytes);
+    // A copy: gcc's bounds check misreads the tuple's inline storage.
+    const std::vector<c10::IValue> e = v.isTuple()
+                                           ? v.toTupleRef().elements().vec()
+                                           : std::vector<c10::IValue>();
+    if (e.size() != 5 || !e[0].isInt() || !e[1].isInt() || !e[2].isInt()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": not a block state archive"));
+    }
+    if (e[0].toInt() != kStateFormat) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": archive format ", e[0].toInt(), ", expected ",
+                       kStateFormat));
+    }
+    BlockStateRecord record;
+    record.block = e[1].toInt();
+    record.step = e[2].toInt();
+    if (record.step < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the archive is of step ", record.step));
+    }
+    ASSIGN_OR_RETURN(record.tensors, NamedFromIValue(e[3], what));
+    ASSIGN_OR_RETURN(record.optimizer,
+                     NamedFromIValue(e[4], what + " (optimizer)"));
+    return record;
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", e.what_without_backtrace()));
+  }
 }
 
 }  // namespace interlock

@@ -1,14 +1,20 @@
-// Structural checks of a block state archive (the zip that
-// torch::pickle_save writes) before LibTorch reads it. LibTorch 1.13 trusts
-// the file: a deflated entry may claim gigabytes, and the unpickler reserves
-// whatever a string length or memo index in the pickle says. Both were
-// found by fuzz_checkpoint_reader. No LibTorch here.
+// A block's training state as bytes (checkpoints, SaveState/LoadState): the
+// archive format, and the checks that run before LibTorch reads one.
+// LibTorch 1.13 trusts the file: a deflated entry may claim gigabytes, the
+// unpickler reserves whatever a string length or memo index in the pickle
+// says, and tensors come back with whatever sizes and offsets the file
+// gives. All were found by fuzz_checkpoint_reader.
 #ifndef INTERLOCK_SERVICES_STATE_ARCHIVE_H_
 #define INTERLOCK_SERVICES_STATE_ARCHIVE_H_
 
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace interlock {
@@ -22,6 +28,28 @@ namespace interlock {
 // Otherwise INVALID_ARGUMENT naming `what` and the first problem.
 absl::Status CheckStateArchive(absl::string_view bytes,
                                const std::string& what);
+
+// What one archive holds.
+struct BlockStateRecord {
+  int64_t block = 0;
+  int64_t step = 0;  // optimizer steps taken: the next step the block runs
+  // Parameters and buffers of block and head, by name.
+  std::map<std::string, torch::Tensor> tensors;
+  // Optimizer state by parameter index and field (Optimizer::StateTensors).
+  std::map<std::string, torch::Tensor> optimizer;
+};
+
+// The archive of `record`: torch::pickle_save of the tuple
+// (format, block, step, tensors, optimizer).
+absl::StatusOr<std::string> EncodeBlockState(const BlockStateRecord& record);
+
+// Reads an archive EncodeBlockState wrote: CheckStateArchive first, then
+// LibTorch's unpickler over a reader that stays inside `bytes`, without a
+// class resolver (only tensors and plain values), then every tensor is
+// checked to be dense, contiguous and inside its storage. It does not match
+// names or shapes against a block (the trainer does). Errors name `what`.
+absl::StatusOr<BlockStateRecord> DecodeBlockState(const std::string& bytes,
+                                                  const std::string& what);
 
 }  // namespace interlock
 

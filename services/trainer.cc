@@ -1,8 +1,5 @@
 #include "services/trainer.h"
 
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/import_read.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -431,105 +428,6 @@ absl::StatusOr<EvalResult> BlockTrainer::Evaluate(const torch::Tensor& input,
   });
 }
 
-namespace {
-
-// Version 2: torch::pickle_save of (format, block, step, tensors, optimizer)
-// (the zip format of torch.save). Version 1 used torch::serialize archives,
-// whose reader compiles the TorchScript type definitions stored in the file
-// and crashed on damaged ones (found by fuzz_checkpoint_reader).
-constexpr int64_t kStateFormat = 2;
-
-c10::IValue NamedToIValue(const std::map<std::string, torch::Tensor>& named) {
-  c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
-  for (const auto& [name, t] : named) d.insert(name, t.detach());
-  return d;
-}
-
-// The unpickler builds tensors from the sizes, strides and offsets in the
-// file without checking them against their storage; check before any
-// value is read.
-absl::Status CheckInBounds(const torch::Tensor& t, const std::string& what) {
-  if (!t.defined() || t.layout() != torch::kStrided || !t.device().is_cpu() ||
-      t.is_quantized() || !t.has_storage()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": not a dense CPU tensor"));
-  }
-  int64_t numel = 1;
-  for (const int64_t d : t.sizes()) {
-    if (d < 0 || __builtin_mul_overflow(numel, d, &numel)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": invalid sizes ", c10::str(t.sizes())));
-    }
-  }
-  if (!t.is_contiguous() || t.storage_offset() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": not a contiguous tensor"));
-  }
-  int64_t end = 0;
-  int64_t bytes = 0;
-  if (__builtin_add_overflow(t.storage_offset(), numel, &end) ||
-      __builtin_mul_overflow(end, static_cast<int64_t>(t.element_size()),
-                             &bytes) ||
-      bytes > static_cast<int64_t>(t.storage().nbytes())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", c10::str(t.sizes()), " at offset ", t.storage_offset(),
-        " reaches past its storage of ", t.storage().nbytes(), " bytes"));
-  }
-  return absl::OkStatus();
-}
-
-// LibTorch's own in-memory reader (behind torch::pickle_load) copies
-// whatever range the zip directory in the file asks for, past the end of
-// the buffer too (found by fuzz_checkpoint_reader); this one stays inside.
-class BoundedReader : public caffe2::serialize::ReadAdapterInterface {
- public:
-  explicit BoundedReader(const std::string& bytes) : bytes_(bytes) {}
-  size_t size() const override { return bytes_.size(); }
-  size_t read(uint64_t pos, void* buf, size_t n,
-              const char* what) const override {
-    if (pos >= bytes_.size()) return 0;
-    n = std::min<uint64_t>(n, bytes_.size() - pos);
-    std::memcpy(buf, bytes_.data() + pos, n);
-    return n;
-  }
-
- private:
-  const std::string& bytes_;
-};
-
-// torch::pickle_load with the bounded reader: plain values and tensors only
-// (no class resolver, so an archive naming any other type is refused).
-c10::IValue PickleLoad(const std::string& bytes) {
-  caffe2::serialize::PyTorchStreamReader reader(
-      std::make_shared<BoundedReader>(bytes));
-  return torch::jit::readArchiveAndTensors(
-      "data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
-      /*type_resolver=*/c10::nullopt, /*obj_loader=*/c10::nullopt,
-      /*device=*/c10::nullopt, reader);
-}
-
-absl::StatusOr<std::map<std::string, torch::Tensor>> NamedFromIValue(
-    const c10::IValue& v, const std::string& what) {
-  if (!v.isGenericDict()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": not a dictionary of tensors"));
-  }
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& e : v.toGenericDict()) {
-    if (!e.key().isString() || !e.value().isTensor()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": an entry is not a name and a tensor"));
-    }
-    const std::string name = e.key().toStringRef();
-    const torch::Tensor& t = e.value().toTensor();
-    RETURN_IF_ERROR(CheckInBounds(t, absl::StrCat(what, " '", name, "'")));
-    out[name] = t;
-  }
-  return out;
-}
-
-}  // namespace
-
 absl::StatusOr<std::string> BlockTrainer::SaveState(int64_t step) const {
   if (!pending_.empty() || accumulated_ != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -538,14 +436,12 @@ absl::StatusOr<std::string> BlockTrainer::SaveState(int64_t step) const {
         " gradients accumulated; only a step boundary can be saved"));
   }
   return Guard("save state", [&]() -> absl::StatusOr<std::string> {
-    std::map<std::string, torch::Tensor> tensors;
-    for (const auto& [name, t] : NamedState()) tensors[name] = t;
-    const std::vector<char> bytes =
-        torch::pickle_save(c10::ivalue::Tuple::create(
-            {c10::IValue(kStateFormat), c10::IValue(int64_t{options_.block}),
-             c10::IValue(step), NamedToIValue(tensors),
-             NamedToIValue(optimizer_->StateTensors())}));
-    return std::string(bytes.begin(), bytes.end());
+    BlockStateRecord record;
+    record.block = options_.block;
+    record.step = step;
+    for (const auto& [name, t] : NamedState()) record.tensors[name] = t;
+    record.optimizer = optimizer_->StateTensors();
+    return EncodeBlockState(record);
   });
 }
 
@@ -558,41 +454,20 @@ absl::StatusOr<int64_t> BlockTrainer::LoadState(const std::string& bytes,
                      " micro-batches in flight"));
   }
   return Guard("load state", [&]() -> absl::StatusOr<int64_t> {
-    RETURN_IF_ERROR(CheckStateArchive(bytes, what));
-    const c10::IValue v = PickleLoad(bytes);
-    // A copy: gcc's bounds check misreads the tuple's inline storage.
-    const std::vector<c10::IValue> e = v.isTuple()
-                                           ? v.toTupleRef().elements().vec()
-                                           : std::vector<c10::IValue>();
-    if (e.size() != 5) {
+    ASSIGN_OR_RETURN(const BlockStateRecord record,
+                     DecodeBlockState(bytes, what));
+    if (record.block != options_.block) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": not a block state archive"));
+          absl::StrCat(what, ": the archive holds block ", record.block));
     }
-    for (int i = 0; i < 3; ++i) {
-      if (!e[i].isInt()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, ": not a block state archive"));
-      }
-    }
-    if (e[0].toInt() != kStateFormat) {
+    const int64_t step = record.step;
+    if (expected_step >= 0 && step != expected_step) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": archive format ", e[0].toInt(), ", expected ",
-                       kStateFormat));
+          absl::StrCat(what, ": the archive is of step ", step, ", expected ",
+                       expected_step));
     }
-    if (e[1].toInt() != options_.block) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": the archive holds block ", e[1].toInt()));
-    }
-    const int64_t step = e[2].toInt();
-    if (step < 0 || (expected_step >= 0 && step != expected_step)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": the archive is of step ", step,
-          expected_step >= 0 ? absl::StrCat(", expected ", expected_step)
-                             : std::string()));
-    }
-    ASSIGN_OR_RETURN(const auto tensors, NamedFromIValue(e[3], what));
-    ASSIGN_OR_RETURN(const auto optim,
-                     NamedFromIValue(e[4], what + " (optimizer)"));
+    const auto& tensors = record.tensors;
+    const auto& optim = record.optimizer;
     // Read and check everything first; change nothing until all is known
     // to fit.
     const auto named = NamedState();
