@@ -4,6 +4,7 @@
 #ifndef INTERLOCK_METRICS_HTTP_EXPOSER_H_
 #define INTERLOCK_METRICS_HTTP_EXPOSER_H_
 
+#include <prometheus/counter.h>
 #include <prometheus/registry.h>
 
 #include <atomic>
@@ -17,10 +18,15 @@ namespace interlock {
 
 class HttpExposer {
  public:
-  // Listens on host:port (port 0: any free port).
+  // Listens on host:port (port 0: any free port; an address in use is an
+  // error). With a non-empty `bearer_token` every request must carry
+  // `Authorization: Bearer <token>` (what Prometheus sends for
+  // `authorization: {credentials_file: ...}`), or gets 401; refusals are
+  // counted in interlock_metrics_refused_scrapes_total.
   static absl::StatusOr<std::unique_ptr<HttpExposer>> Start(
       const std::string& host, int port,
-      std::shared_ptr<prometheus::Registry> registry);
+      std::shared_ptr<prometheus::Registry> registry,
+      const std::string& bearer_token = "");
   ~HttpExposer();
   int port() const { return port_; }
 
@@ -28,8 +34,11 @@ class HttpExposer {
   HttpExposer() = default;
   void Serve();
   void Handle(int fd);
+  bool Authorized(const std::string& request) const;
 
   std::shared_ptr<prometheus::Registry> registry_;
+  std::string token_;                       // empty: no authentication
+  prometheus::Counter* refused_ = nullptr;  // set with token_
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};

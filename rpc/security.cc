@@ -1,6 +1,11 @@
 #include "rpc/security.h"
 
 #include <grpcpp/support/client_interceptor.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include <fstream>
 #include <sstream>
@@ -33,6 +38,67 @@ absl::Status NeedsPem(const std::string& flag, const std::string& path,
       text.find(what) == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", flag, ": ", path, " is not a PEM file with a ", what));
+  }
+  return absl::OkStatus();
+}
+
+struct BioFree {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct X509Free {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct PkeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+
+std::unique_ptr<BIO, BioFree> MemoryBio(const std::string& text) {
+  return std::unique_ptr<BIO, BioFree>(
+      BIO_new_mem_buf(text.data(), static_cast<int>(text.size())));
+}
+
+// Never ask for a passphrase: OpenSSL's default callback would prompt on the
+// terminal of a server process.
+int NoPassphrase(char*, int, int, void*) { return 0; }
+
+// The first certificate of a PEM text (the leaf of a chain), or null.
+std::unique_ptr<X509, X509Free> FirstCertificate(const std::string& pem) {
+  auto bio = MemoryBio(pem);
+  std::unique_ptr<X509, X509Free> cert(
+      bio ? PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr)
+          : nullptr);
+  ERR_clear_error();
+  return cert;
+}
+
+// gRPC only finds out at BuildAndStart, with a log line that names neither
+// file, that a certificate is unreadable or a key belongs to another
+// certificate; check both here so the error names the flags.
+absl::Status CheckCertificateAndKey(const SecurityFiles& f,
+                                    const std::string& cert_pem,
+                                    const std::string& key_pem) {
+  auto cert = FirstCertificate(cert_pem);
+  if (!cert) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls-cert: ", f.tls_cert, " holds no readable PEM certificate"));
+  }
+  auto bio = MemoryBio(key_pem);
+  std::unique_ptr<EVP_PKEY, PkeyFree> key(
+      bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, NoPassphrase, nullptr)
+          : nullptr);
+  ERR_clear_error();
+  if (!key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls-key: ", f.tls_key,
+                     " holds no readable PEM private key (keys with a "
+                     "passphrase are not supported)"));
+  }
+  const bool match = X509_check_private_key(cert.get(), key.get()) == 1;
+  ERR_clear_error();
+  if (!match) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls-key: ", f.tls_key, " is not the private key of ",
+                     "the certificate in --tls-cert ", f.tls_cert));
   }
   return absl::OkStatus();
 }
@@ -81,6 +147,7 @@ absl::StatusOr<TransportSecurity> LoadTransportSecurity(const SecurityFiles& f,
         !st.ok()) {
       return st;
     }
+    if (auto st = CheckCertificateAndKey(f, *cert, *key); !st.ok()) return st;
     s.cert_pem = *std::move(cert);
     s.key_pem = *std::move(key);
   }
@@ -89,6 +156,10 @@ absl::StatusOr<TransportSecurity> LoadTransportSecurity(const SecurityFiles& f,
     if (!ca.ok()) return ca.status();
     if (auto st = NeedsPem("tls-ca", f.tls_ca, *ca, "CERTIFICATE"); !st.ok()) {
       return st;
+    }
+    if (!FirstCertificate(*ca)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls-ca: ", f.tls_ca, " holds no readable PEM certificate"));
     }
     s.ca_pem = *std::move(ca);
   }

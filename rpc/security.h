@@ -45,7 +45,9 @@ struct TransportSecurity {
 
 // Reads and checks the files named by the flags. `server`: a CA without a
 // certificate and key is an error (a server cannot verify clients without
-// presenting its own certificate). Errors name the flag and the file.
+// presenting its own certificate), and so is a key that is not the private
+// key of the certificate, or a certificate OpenSSL cannot read. Errors name
+// the flag and the file.
 absl::StatusOr<TransportSecurity> LoadTransportSecurity(
     const SecurityFiles& files, bool server);
 

@@ -208,6 +208,104 @@ class WorkerFixture : public ::testing::Test {
 
 // --- Bearer token. ---------------------------------------------------------
 
+// --- Start-up failures and raw HTTP (tests/hardening_flags_test.cc). -------
+
+// How a process that should refuse to start ended.
+struct ExitResult {
+  bool exited = false;  // exited by itself, not by a signal or our kill
+  int code = -1;        // exit status when `exited`
+  int signal = 0;       // the signal that ended it, if one did
+  bool timed_out = false;
+  std::string output;  // stdout and stderr
+};
+
+// Runs `binary flags...` (no standard flags added) and waits up to `seconds`
+// for it to end by itself; a process still running then is killed and
+// reported as timed out (e.g. a worker that started when it should not).
+inline ExitResult RunToExit(const std::string& binary,
+                            const std::vector<std::string>& flags,
+                            const std::string& log, double seconds = 30) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    freopen(log.c_str(), "w", stderr);
+    dup2(fileno(stderr), fileno(stdout));
+    setenv("OMP_NUM_THREADS", "1", 1);
+    std::vector<std::string> args = {binary};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  ExitResult r;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(int(seconds * 1000));
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      r.timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!r.timed_out) {
+    r.exited = WIFEXITED(status);
+    r.code = r.exited ? WEXITSTATUS(status) : -1;
+    r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  }
+  r.output = ReadFile(log);
+  return r;
+}
+
+struct HttpResponse {
+  int status = -1;  // -1: no connection or no HTTP answer
+  std::string body;
+};
+
+// GET http://ip:port/path with extra header lines ("Name: value\r\n" each).
+inline HttpResponse HttpGetFrom(const std::string& ip, int port,
+                                const std::string& path,
+                                const std::string& headers = "") {
+  HttpResponse r;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return r;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, ip.c_str(), &addr.sin_addr);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req =
+        "GET " + path + " HTTP/1.0\r\nHost: " + ip + "\r\n" + headers + "\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[8192];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+    }
+  }
+  close(fd);
+  // "HTTP/1.1 401 Unauthorized\r\n..."
+  if (out.rfind("HTTP/1.", 0) == 0 && out.size() > 12) {
+    r.status = std::atoi(out.substr(9, 3).c_str());
+  }
+  const auto body = out.find("\r\n\r\n");
+  if (body != std::string::npos) r.body = out.substr(body + 4);
+  return r;
+}
+
+// A channel of its own (own subchannel, so its own TCP connection).
+inline std::shared_ptr<grpc::Channel> FreshPlaintext(
+    const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
 }  // namespace interlock::worker_test
 
 #endif  // INTERLOCK_TESTS_WORKER_TEST_UTIL_H_

@@ -1,8 +1,11 @@
 // interlock-worker: hosts one block of a model (chosen by the coordinator at
 // Configure time) behind a gRPC service.
+#include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,15 +18,28 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/status.h"
 #include "services/runtime.h"
 #include "worker/server.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
-ABSL_FLAG(int, port, 7070, "gRPC port (0: any free port)");
+ABSL_FLAG(std::string, host, "0.0.0.0",
+          "address to listen on: an IP address of this machine or a name "
+          "that resolves to one");
+ABSL_FLAG(int, port, 7070,
+          "gRPC port, 0..65535 (0: any free port); a port in use is an error");
 ABSL_FLAG(int, metrics_port, 9090,
-          "Prometheus /metrics port (0: any free port, -1: off)");
+          "Prometheus /metrics port, -1..65535 (0: any free port, -1: off)");
+ABSL_FLAG(std::string, metrics_host, "",
+          "address of /metrics, e.g. 127.0.0.1 or a pod-internal interface "
+          "(empty: the same as --host)");
+ABSL_FLAG(std::string, metrics_token_file, "",
+          "file holding a bearer token /metrics requires (Authorization: "
+          "Bearer <token>; 401 without it); empty: no authentication");
 ABSL_FLAG(std::string, port_file, "",
           "write 'GRPC_PORT METRICS_PORT' here once listening (local "
           "launchers use it with --port 0)");
@@ -49,6 +65,96 @@ ABSL_FLAG(std::string, health_service, "",
           "'liveness' answers SERVING whenever the process serves)");
 
 namespace {
+
+absl::Status CheckPort(const char* flag, int port, int lowest) {
+  if (port < lowest || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": ", port, " is not a port (", lowest, "..65535)"));
+  }
+  return absl::OkStatus();
+}
+
+// An IP literal (IPv6 with or without brackets) or a name that resolves.
+absl::Status CheckHost(const char* flag, const std::string& host) {
+  if (host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": empty (0.0.0.0 listens on every IPv4 interface)"));
+  }
+  std::string bare = host;
+  if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') {
+    bare = bare.substr(1, bare.size() - 2);
+  }
+  in_addr v4;
+  in6_addr v6;
+  if (inet_pton(AF_INET, bare.c_str(), &v4) == 1 ||
+      inet_pton(AF_INET6, bare.c_str(), &v6) == 1) {
+    return absl::OkStatus();
+  }
+  // Digits and dots but no IPv4 address (999.1.1.1, 10.1): a typo, not a
+  // name; the resolver would accept some of them in legacy forms.
+  if (host.find_first_not_of("0123456789.") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": '", host, "' is not an IPv4 address"));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (res != nullptr) freeaddrinfo(res);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": '", host,
+                     "' is neither an IP address nor a name that resolves (",
+                     gai_strerror(rc), ")"));
+  }
+  return absl::OkStatus();
+}
+
+// A health-check target of the form host:port or [v6]:port must have a port
+// gRPC will not wrap (99999 would become 34463, another process's port).
+// Targets with a scheme (dns:///, unix:) are left to gRPC.
+absl::Status CheckTargetPort(const std::string& target) {
+  const size_t colon = target.rfind(':');
+  if (colon == std::string::npos) return absl::OkStatus();
+  const bool bracketed = colon > 0 && target[colon - 1] == ']';
+  if (!bracketed && target.find(':') != colon) return absl::OkStatus();
+  const std::string port = target.substr(colon + 1);
+  int value = 0;
+  if (port.empty() ||
+      port.find_first_not_of("-0123456789") != std::string::npos) {
+    return absl::OkStatus();
+  }
+  if (!absl::SimpleAtoi(port, &value) || value < 1 || value > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--health_check: '", target, "': port ", port, " is not in 1..65535"));
+  }
+  return absl::OkStatus();
+}
+
+// The metrics token: one line of printable ASCII, as Prometheus sends it.
+absl::StatusOr<std::string> ReadMetricsToken(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--metrics_token_file: cannot read ", path));
+  }
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  const std::string token(absl::StripAsciiWhitespace(text));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_token_file: ", path, " is empty or only white space"));
+  }
+  for (char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics_token_file: ", path,
+                       ": the token must be printable ASCII without spaces"));
+    }
+  }
+  return token;
+}
 
 // grpc.health.v1.Health/Check over a generic stub: the request is
 // HealthCheckRequest{string service = 1}, the reply
@@ -102,7 +208,8 @@ int main(int argc, char** argv) {
   interlock::TuneAllocator();
   absl::SetProgramUsageMessage(
       "interlock-worker [--host H] [--port P] [--metrics_port M] "
-      "[--port_file F] [--max_message_bytes B] [--max_concurrent_streams N] "
+      "[--metrics_host H] [--metrics_token_file F] [--port_file F] "
+      "[--max_message_bytes B] [--max_concurrent_streams N] "
       "[--token-file F] [--tls-cert F --tls-key F] [--tls-ca F]\n"
       "interlock-worker --health_check HOST:PORT [--health_service S] "
       "[--tls-cert F --tls-key F] [--tls-ca F]");
@@ -115,6 +222,11 @@ int main(int argc, char** argv) {
   files.tls_key = absl::GetFlag(FLAGS_tls_key);
   files.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   if (!absl::GetFlag(FLAGS_health_check).empty()) {
+    if (auto st = CheckTargetPort(absl::GetFlag(FLAGS_health_check));
+        !st.ok()) {
+      std::cerr << "interlock-worker: error: " << st.message() << "\n";
+      return 2;
+    }
     auto security = interlock::LoadTransportSecurity(files, /*server=*/false);
     if (!security.ok()) {
       std::cerr << "interlock-worker: error: " << security.status().message()
@@ -136,6 +248,29 @@ int main(int argc, char** argv) {
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  for (const absl::Status& st :
+       {CheckPort("port", options.port, 0),
+        CheckPort("metrics_port", options.metrics_port, -1),
+        CheckHost("host", options.host),
+        options.metrics_host.empty()
+            ? absl::OkStatus()
+            : CheckHost("metrics_host", options.metrics_host)}) {
+    if (!st.ok()) {
+      std::cerr << "interlock-worker: error: " << st.message() << "\n";
+      return 2;
+    }
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_metrics_token_file);
+      !path.empty()) {
+    auto token = ReadMetricsToken(path);
+    if (!token.ok()) {
+      std::cerr << "interlock-worker: error: " << token.status().message()
+                << "\n";
+      return 2;
+    }
+    options.metrics_token = *std::move(token);
+  }
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (options.max_message_bytes < (1 << 20)) {
     std::cerr << "interlock-worker: error: --max_message_bytes must be at "
@@ -176,7 +311,16 @@ int main(int argc, char** argv) {
                 : options.security.ca_pem.empty() ? "TLS"
                                                   : "mutual TLS")
             << (options.security.token.empty() ? ", no token" : ", token")
-            << "), metrics on port " << (*server)->metrics_port() << "\n";
+            << "), metrics "
+            << ((*server)->metrics_port() < 0
+                    ? std::string("off")
+                    : absl::StrCat(
+                          "on ",
+                          options.metrics_host.empty() ? options.host
+                                                       : options.metrics_host,
+                          ":", (*server)->metrics_port(),
+                          options.metrics_token.empty() ? "" : " (token)"))
+            << "\n";
   int sig = 0;
   sigwait(&signals, &sig);
   std::cerr << "interlock-worker: signal " << sig << ", shutting down\n";

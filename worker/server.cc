@@ -12,8 +12,41 @@ constexpr char kServiceName[] = "interlock.v1.Worker";
 // startup probe asks (the empty name and kServiceName mean "holds a block").
 constexpr char kLivenessName[] = "liveness";
 
+namespace {
+
+// gRPC wants an IPv6 literal in brackets before ":port"; getaddrinfo (the
+// metrics exposer) wants it without.
+std::string Unbracketed(const std::string& host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+std::string GrpcAddress(const std::string& host, int port) {
+  const std::string bare = Unbracketed(host);
+  return bare.find(':') == std::string::npos
+             ? absl::StrCat(bare, ":", port)
+             : absl::StrCat("[", bare, "]:", port);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
     const WorkerServerOptions& options) {
+  // gRPC would take "-5" or "99999" as a service name or wrap it to another
+  // port; main names the flag, this is the last line of defence.
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("port ", options.port, " is not in 0..65535"));
+  }
+  if (options.metrics_port < -1 || options.metrics_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics port ", options.metrics_port, " is not in -1..65535"));
+  }
+  if (options.host.empty()) {
+    return absl::InvalidArgumentError("empty listening address");
+  }
   std::unique_ptr<WorkerServer> s(new WorkerServer());
   WorkerOptions core_options;
   core_options.max_message_bytes = options.max_message_bytes;
@@ -29,13 +62,18 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder, options.max_message_bytes);
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
+  // gRPC sets SO_REUSEPORT by default: a second worker on the same port
+  // would start and the kernel would hand it a share of the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(GrpcAddress(options.host, options.port),
                            ServerCredentialsFor(options.security), &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.host, ":", options.port));
+    s->server_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", GrpcAddress(options.host, options.port),
+        " (the port is in use, or the address is not one of this machine's)"));
   }
   // The health service needs no token (Kubernetes probes send none); it
   // tells only whether a block is configured. No reflection service.
@@ -51,8 +89,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   });
 
   if (options.metrics_port >= 0) {
-    auto exposer = HttpExposer::Start(options.host, options.metrics_port,
-                                      s->metrics_.registry());
+    auto exposer = HttpExposer::Start(
+        Unbracketed(options.metrics_host.empty() ? options.host
+                                                 : options.metrics_host),
+        options.metrics_port, s->metrics_.registry(), options.metrics_token);
     if (!exposer.ok()) return exposer.status();
     s->exposer_ = std::move(*exposer);
     s->metrics_port_ = s->exposer_->port();
@@ -63,12 +103,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
 void WorkerServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
-  auto* health = server_->GetHealthCheckService();
-  health->SetServingStatus("", false);
-  health->SetServingStatus(kServiceName, false);
-  health->SetServingStatus(kLivenessName, false);
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    absl::ToChronoSeconds(grace));
+  if (server_) {
+    auto* health = server_->GetHealthCheckService();
+    health->SetServingStatus("", false);
+    health->SetServingStatus(kServiceName, false);
+    health->SetServingStatus(kLivenessName, false);
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      absl::ToChronoSeconds(grace));
+  }
   core_->Shutdown();
 }
 

@@ -22,6 +22,10 @@ struct WorkerServerOptions {
   std::string host = "0.0.0.0";
   int port = 0;           // 0: any free port
   int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port
+  // Address of the metrics endpoint; empty: `host`.
+  std::string metrics_host;
+  // Non-empty: /metrics requires "Authorization: Bearer <metrics_token>".
+  std::string metrics_token;
   int64_t max_message_bytes = 256 << 20;
   // Stream calls open at once; more are refused with RESOURCE_EXHAUSTED.
   int max_concurrent_streams = 8;
@@ -46,6 +50,8 @@ class WorkerServer {
   WorkerMetrics metrics_;
   std::unique_ptr<WorkerCore> core_;
   std::unique_ptr<WorkerService> service_;
+  // Null until BuildAndStart succeeded: Start's error paths destroy a
+  // half-built server, and Shutdown must not touch what is missing.
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpExposer> exposer_;
   int port_ = 0;
