@@ -1,6 +1,9 @@
 #include "coordinator/checkpoint.h"
 
 #include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,42 +32,49 @@ namespace v1 = interlock::v1;
 
 constexpr char kManifest[] = "manifest.pbtxt";
 constexpr char kTrailer[] = "# sha256 ";
+constexpr char kSealTrailer[] = "# hmac-sha256 ";
 constexpr char kStepPrefix[] = "step-";
 constexpr char kTempPrefix[] = ".tmp-";
 constexpr int kMaxBlocks = 4096;
 
 std::string Errno() { return std::strerror(errno); }
 
+// A failed write: a full disk or quota is RESOURCE_EXHAUSTED, anything else
+// DATA_LOSS (the file is not what the run meant to write).
+absl::Status WriteError(int err, const std::string& what) {
+  const std::string message = absl::StrCat(what, ": ", std::strerror(err));
+  if (err == ENOSPC || err == EDQUOT) {
+    return absl::ResourceExhaustedError(message);
+  }
+  return absl::DataLossError(message);
+}
+
 // Writes `bytes` to `path` and fsyncs it.
 absl::Status WriteSynced(const std::string& path, absl::string_view bytes) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("checkpoint: cannot create ", path, ": ", Errno()));
+  absl::Status s = WriteFileChecked(path, bytes, /*sync=*/true);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("checkpoint: ", s.message()));
+}
+
+std::string HexOf(const unsigned char* data, size_t size) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * size);
+  for (size_t i = 0; i < size; ++i) {
+    out.push_back(kHex[data[i] >> 4]);
+    out.push_back(kHex[data[i] & 15]);
   }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string e = Errno();
-      close(fd);
-      return absl::DataLossError(
-          absl::StrCat("checkpoint: writing ", path, ": ", e));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0) {
-    const std::string e = Errno();
-    close(fd);
-    return absl::DataLossError(
-        absl::StrCat("checkpoint: fsync of ", path, ": ", e));
-  }
-  if (close(fd) != 0) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint: closing ", path, ": ", Errno()));
-  }
-  return absl::OkStatus();
+  return out;
+}
+
+// HMAC-SHA256 of `text` keyed by `key`, as lowercase hex.
+std::string HmacSha256Hex(const std::string& key, absl::string_view text) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(text.data()), text.size(), mac,
+       &size);
+  return HexOf(mac, size);
 }
 
 absl::Status SyncDir(const std::string& path) {
@@ -126,15 +136,66 @@ int64_t StepOfName(const std::string& name) {
 
 }  // namespace
 
-std::string SerializeManifest(const v1::CheckpointManifest& m) {
-  std::string text;
-  google::protobuf::TextFormat::PrintToString(m, &text);
-  return absl::StrCat(text, kTrailer, Sha256Hex(text.data(), text.size()),
-                      "\n");
+absl::Status WriteFileChecked(const std::string& path, absl::string_view bytes,
+                              bool sync) {
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", path, ": ", std::strerror(err)));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      close(fd);
+      return WriteError(err, absl::StrCat("writing ", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (sync && fsync(fd) != 0) {
+    const int err = errno;
+    close(fd);
+    return WriteError(err, absl::StrCat("fsync of ", path));
+  }
+  // NFS and some file systems report a failed write only here.
+  if (close(fd) != 0) {
+    return WriteError(errno, absl::StrCat("closing ", path));
+  }
+  return absl::OkStatus();
 }
 
-absl::StatusOr<v1::CheckpointManifest> ParseManifest(absl::string_view bytes,
-                                                     const std::string& what) {
+std::string SerializeManifest(const v1::CheckpointManifest& m,
+                              const std::string& seal_key) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(m, &text);
+  std::string out =
+      absl::StrCat(text, kTrailer, Sha256Hex(text.data(), text.size()), "\n");
+  if (!seal_key.empty()) {
+    absl::StrAppend(&out, kSealTrailer, HmacSha256Hex(seal_key, text), "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<v1::CheckpointManifest> ParseManifest(
+    absl::string_view bytes, const std::string& what,
+    const std::string& seal_key) {
+  // A signature, if any, is the last line (after the checksum line).
+  std::string signature;
+  const size_t sealed_at = bytes.rfind(kSealTrailer);
+  if (sealed_at != absl::string_view::npos &&
+      (sealed_at == 0 || bytes[sealed_at - 1] == '\n')) {
+    absl::string_view sig = bytes.substr(sealed_at + strlen(kSealTrailer));
+    if (!absl::ConsumeSuffix(&sig, "\n") || sig.size() != 64) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": malformed HMAC-SHA256 line (truncated?)"));
+    }
+    signature = std::string(sig);
+    bytes = bytes.substr(0, sealed_at);
+  }
   // The trailer seals everything before it: a flipped byte anywhere in the
   // manifest is caught before any field is believed.
   const size_t at = bytes.rfind(kTrailer);
@@ -153,6 +214,24 @@ absl::StatusOr<v1::CheckpointManifest> ParseManifest(absl::string_view bytes,
     return absl::DataLossError(
         absl::StrCat(what, ": SHA-256 of the manifest is ", actual,
                      ", its last line says ", sealed, " (damaged)"));
+  }
+  // The checksum proves no accident; only the signature proves that a
+  // holder of the token wrote this manifest (and so the files' digests).
+  if (!seal_key.empty()) {
+    if (signature.empty()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          what,
+          ": not signed (written by a run without --token-file); a run "
+          "with a token loads only checkpoints signed with it"));
+    }
+    const std::string expected = HmacSha256Hex(seal_key, body);
+    if (CRYPTO_memcmp(expected.data(), signature.data(), expected.size()) !=
+        0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          what,
+          ": HMAC-SHA256 signature does not match (altered after it was "
+          "written, or signed with another token)"));
+    }
   }
   v1::CheckpointManifest m;
   google::protobuf::TextFormat::Parser parser;
@@ -199,7 +278,8 @@ absl::StatusOr<v1::CheckpointManifest> ParseManifest(absl::string_view bytes,
   return m;
 }
 
-absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& dir) {
+absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& dir,
+                                          const std::string& seal_key) {
   Checkpoint c;
   c.dir = dir;
   const std::string mpath = absl::StrCat(dir, "/", kManifest);
@@ -208,8 +288,9 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& dir) {
     return absl::DataLossError(
         absl::StrCat("checkpoint ", dir, ": ", bytes.status().message()));
   }
-  ASSIGN_OR_RETURN(c.manifest,
-                   ParseManifest(*bytes, absl::StrCat("checkpoint ", mpath)));
+  ASSIGN_OR_RETURN(
+      c.manifest,
+      ParseManifest(*bytes, absl::StrCat("checkpoint ", mpath), seal_key));
   c.blocks.resize(c.manifest.num_blocks());
   for (const auto& f : c.manifest.files()) {
     const std::string path = absl::StrCat(dir, "/", f.name());
@@ -242,7 +323,8 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& dir) {
 }
 
 absl::StatusOr<CheckpointStore> CheckpointStore::Open(
-    const std::string& root, int keep, std::vector<std::string>* removed) {
+    const std::string& root, int keep, std::vector<std::string>* removed,
+    const std::string& seal_key) {
   if (keep < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--keep-checkpoints: ", keep, ", must be at least 1"));
@@ -269,7 +351,7 @@ absl::StatusOr<CheckpointStore> CheckpointStore::Open(
     return absl::PermissionDeniedError(absl::StrCat(
         "--checkpoint-dir: cannot list ", root, ": ", ec.message()));
   }
-  return CheckpointStore(root, keep);
+  return CheckpointStore(root, keep, seal_key);
 }
 
 std::vector<std::string> CheckpointStore::List() const {
@@ -312,7 +394,7 @@ absl::StatusOr<std::string> CheckpointStore::Write(
         WriteSynced(absl::StrCat(temp_dir, "/", f->name()), blocks[k]));
   }
   RETURN_IF_ERROR(WriteSynced(absl::StrCat(temp_dir, "/", kManifest),
-                              SerializeManifest(manifest)));
+                              SerializeManifest(manifest, seal_key_)));
   RETURN_IF_ERROR(SyncDir(temp_dir));
   if (before_rename) before_rename();
   // A checkpoint of the same step (written again after a replay) is
@@ -352,7 +434,7 @@ std::optional<Checkpoint> CheckpointStore::Latest(
     std::vector<std::string>* refused) const {
   std::vector<std::string> all = List();
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    auto c = ReadCheckpoint(*it);
+    auto c = ReadCheckpoint(*it, seal_key_);
     if (c.ok()) return *std::move(c);
     if (refused) refused->push_back(std::string(c.status().message()));
   }

@@ -18,6 +18,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "coordinator/checkpoint.h"
 #include "coordinator/simulate.h"
 #include "coordinator/timeline.h"
 #include "services/config.h"
@@ -256,17 +257,16 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir,
     const std::string style =
         absl::StrFormat("lt %d title %s", i + 1, GpQuote(r.mode.Label()));
     const std::string eval_file = absl::StrCat("plots/", name, ".eval.dat");
-    std::ofstream ev(dir + "/" + eval_file, std::ios::trunc);
-    ev << "# step wall_seconds virtual_seconds "
-       << (text ? "perplexity" : "accuracy_percent") << " (final head)\n";
+    std::string ev = absl::StrCat("# step wall_seconds virtual_seconds ",
+                                  text ? "perplexity" : "accuracy_percent",
+                                  " (final head)\n");
     for (const EvalPoint& p : r.result->evals) {
       const HeadResult* h = FinalHead(p.heads);
       if (h == nullptr) continue;
-      ev << absl::StrFormat("%d %.6f %.6f %.6f\n", p.step, p.wall_seconds,
+      absl::StrAppendFormat(&ev, "%d %.6f %.6f %.6f\n", p.step, p.wall_seconds,
                             p.virtual_seconds, Metric(*h, text));
     }
-    if (!ev)
-      return absl::DataLossError("cannot write " + dir + "/" + eval_file);
+    RETURN_IF_ERROR(WriteFileChecked(dir + "/" + eval_file, ev));
     auto plot = [&](int x) {
       return absl::StrFormat("%s using %d:4 with linespoints %s", at(eval_file),
                              x, style);
@@ -280,15 +280,15 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir,
     const int64_t window =
         std::max<int64_t>(1, static_cast<int64_t>(ls.steps.size()) / 50);
     const std::string loss_file = absl::StrCat("plots/", name, ".loss.dat");
-    std::ofstream lf(dir + "/" + loss_file, std::ios::trunc);
-    lf << "# step, then per block the training loss of its head (mean of the "
-          "last "
-       << window << " steps; NaN: no head)\n";
+    std::string lf = absl::StrCat(
+        "# step, then per block the training loss of its head (mean of the "
+        "last ",
+        window, " steps; NaN: no head)\n");
     std::vector<std::deque<double>> recent(blocks);
     std::vector<double> sums(blocks, 0.0);
     std::vector<bool> has(blocks, false);
     for (size_t i = 0; i < ls.steps.size(); ++i) {
-      lf << ls.steps[i];
+      absl::StrAppend(&lf, ls.steps[i]);
       for (int k = 0; k < blocks; ++k) {
         const double v = ls.loss[i][k];
         if (std::isfinite(v)) {
@@ -301,15 +301,14 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir,
           has[k] = true;
         }
         if (std::isfinite(v) && !recent[k].empty()) {
-          lf << absl::StrFormat(" %.6f", sums[k] / recent[k].size());
+          absl::StrAppendFormat(&lf, " %.6f", sums[k] / recent[k].size());
         } else {
-          lf << " NaN";
+          absl::StrAppend(&lf, " NaN");
         }
       }
-      lf << "\n";
+      absl::StrAppend(&lf, "\n");
     }
-    if (!lf)
-      return absl::DataLossError("cannot write " + dir + "/" + loss_file);
+    RETURN_IF_ERROR(WriteFileChecked(dir + "/" + loss_file, lf));
     for (int k = 0; k < blocks; ++k) {
       if (!has[k]) continue;
       loss_lines[k].push_back(absl::StrFormat("%s using 1:%d with lines %s",
@@ -358,9 +357,7 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir,
   }
   absl::StrAppend(&gp, "unset multiplot\nset output\n");
   const std::string script = abs + "/plots.gp";
-  std::ofstream out(script, std::ios::trunc);
-  out << gp;
-  if (!out) return absl::DataLossError("cannot write " + script);
+  RETURN_IF_ERROR(WriteFileChecked(script, gp));
   return script;
 }
 
@@ -511,10 +508,7 @@ absl::Status WriteReport(const CompareOptions& o, const RunConfig& config,
   absl::StrAppend(&md, absl::StrJoin(dirs, ", "), ".\n");
 
   const std::string path = o.out_dir + "/report.md";
-  std::ofstream out(path + ".tmp", std::ios::trunc);
-  out << md;
-  out.close();
-  if (!out) return absl::DataLossError("cannot write " + path);
+  RETURN_IF_ERROR(WriteFileChecked(path + ".tmp", md));
   std::error_code ec;
   std::filesystem::rename(path + ".tmp", path, ec);
   if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
@@ -543,13 +537,10 @@ int CompareMain(const CompareOptions& o) {
   if (!blocks.ok()) return fail(blocks.status().message(), 1);
   auto modes = ParseModes(o.modes, *blocks);
   if (!modes.ok()) return fail(modes.status().message(), 2);
-  std::error_code ec;
-  std::filesystem::create_directories(o.out_dir, ec);
-  if (ec) {
-    return fail(
-        absl::StrCat("--out: cannot create ", o.out_dir, ": ", ec.message()),
-        1);
-  }
+  // One compare per folder: its runs' folders are locked by Train, the
+  // report and plots by this.
+  auto lock = FolderLock::Acquire(o.out_dir, "--out");
+  if (!lock.ok()) return fail(lock.status().message(), 1);
 
   // Evaluation cadence: the config's, else about kEvalPoints per mode.
   std::vector<int64_t> every(modes->size(),

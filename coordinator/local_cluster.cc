@@ -6,16 +6,22 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace interlock {
 namespace {
@@ -43,7 +49,43 @@ bool Accepts(int port) {
   return ok;
 }
 
+// Folders of local clusters: kClusterPrefix<owner pid>-XXXXXX, so that a
+// later start can tell whose they are.
+constexpr char kClusterPrefix[] = "interlock-cluster-";
+
+// Whether process `pid` exists (EPERM: it does, owned by someone else).
+bool Alive(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
+
 }  // namespace
+
+std::vector<std::string> RemoveStaleClusterFolders(const std::string& parent) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kClusterPrefix, 0) != 0) continue;
+    // "<pid>-XXXXXX"; older folders without a pid are left alone: their
+    // owner is unknown.
+    const std::vector<std::string> parts = absl::StrSplit(
+        name.substr(sizeof(kClusterPrefix) - 1), absl::MaxSplits('-', 1));
+    int64_t pid = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &pid) || pid <= 0 ||
+        pid > std::numeric_limits<pid_t>::max()) {
+      continue;
+    }
+    // Only our own real folders (not a link planted in /tmp), of processes
+    // that are gone. A reused pid keeps its folder: safe, if untidy.
+    struct stat st;
+    if (lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != getuid() || Alive(static_cast<pid_t>(pid))) {
+      continue;
+    }
+    std::error_code rm;
+    std::filesystem::remove_all(e.path(), rm);
+    if (!rm) removed.push_back(e.path().string());
+  }
+  return removed;
+}
 
 std::string DefaultWorkerBinary() {
   std::error_code ec;
@@ -67,9 +109,13 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Launch(
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->binary_ = binary;
   c->extra_args_ = extra_args;
-  char tmpl[] = "/tmp/interlock-cluster-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) {
-    return absl::InternalError("cannot create a temporary folder");
+  // Folders a killed coordinator left behind (its workers died with it).
+  RemoveStaleClusterFolders("/tmp");
+  std::string tmpl = absl::StrCat("/tmp/", kClusterPrefix, getpid(), "-XXXXXX");
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    const int err = errno;
+    return absl::InternalError(absl::StrCat("cannot create a folder ", tmpl,
+                                            ": ", std::strerror(err)));
   }
   c->dir_ = tmpl;
   c->workers_.resize(count);

@@ -55,6 +55,12 @@ class LocalCluster {
   bool stopped_ = false;
 };
 
+// Removes the local-cluster folders in `parent` whose owning process is gone
+// (a SIGKILLed coordinator cannot remove its own); folders of live processes,
+// of other users, and without an owner pid in their name stay. Returns the
+// removed paths. Launch calls it on /tmp.
+std::vector<std::string> RemoveStaleClusterFolders(const std::string& parent);
+
 // The interlock-worker binary next to this executable (or in the build
 // tree's worker/ folder).
 std::string DefaultWorkerBinary();

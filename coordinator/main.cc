@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
@@ -147,6 +148,62 @@ int Fail(const std::string& message, int code = 1) {
   return code;
 }
 
+// Whether the flag was typed (the defaults of --steps, --seed, ... stand for
+// "unset", so a typed one that equals them must not be silently ignored).
+// This absl keeps IsSpecifiedOnCommandLine private: main() records the names.
+template <typename T>
+bool Given(const absl::Flag<T>& flag) {
+  return g_given_flags.count(
+             std::string(absl::GetFlagReflectionHandle(flag).Name())) > 0;
+}
+
+// The numeric flags train and compare share: a value that would be ignored
+// or make no sense is refused, naming the flag. Returns 0 or the exit code.
+int CheckNumericFlags() {
+  if (Given(FLAGS_steps) && absl::GetFlag(FLAGS_steps) < 1) {
+    return Fail(absl::StrCat("--steps: ", absl::GetFlag(FLAGS_steps),
+                             ", must be >= 1 (leave it out to use the "
+                             "config's steps or epochs)"),
+                2);
+  }
+  if (Given(FLAGS_epochs) && absl::GetFlag(FLAGS_epochs) < 1) {
+    return Fail(absl::StrCat("--epochs: ", absl::GetFlag(FLAGS_epochs),
+                             ", must be >= 1"),
+                2);
+  }
+  if (Given(FLAGS_seed) && absl::GetFlag(FLAGS_seed) < 0) {
+    return Fail(absl::StrCat("--seed: ", absl::GetFlag(FLAGS_seed),
+                             ", must be >= 0 (leave it out to use the "
+                             "config's seed)"),
+                2);
+  }
+  if (Given(FLAGS_n) && absl::GetFlag(FLAGS_n) < 1) {
+    return Fail(absl::StrCat("--n: ", absl::GetFlag(FLAGS_n), ", must be >= 1"),
+                2);
+  }
+  const int threads = absl::GetFlag(FLAGS_threads_per_block);
+  if (Given(FLAGS_threads_per_block) && (threads < 1 || threads > 256)) {
+    return Fail(
+        absl::StrCat("--threads-per-block: ", threads, ", must be in 1..256"),
+        2);
+  }
+  const int port = absl::GetFlag(FLAGS_metrics_port);
+  if (port < -1 || port > 65535) {
+    return Fail(absl::StrCat("--metrics-port: ", port,
+                             ", must be a port in 0..65535 (0: any free "
+                             "port) or -1 (off)"),
+                2);
+  }
+  const absl::Duration connect = absl::GetFlag(FLAGS_connect_timeout);
+  if (connect <= absl::ZeroDuration() || connect == absl::InfiniteDuration()) {
+    return Fail(
+        absl::StrCat("--connect-timeout: ", absl::FormatDuration(connect),
+                     ", must be a finite time > 0"),
+        2);
+  }
+  return 0;
+}
+
 // Ctrl-C / SIGTERM: when the run can checkpoint, the first signal asks it to
 // take a checkpoint at the next step boundary and stop. Otherwise (or on a
 // second signal) stop the local cluster's workers (the run then ends with an
@@ -217,7 +274,11 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   options.budget_wall = absl::GetFlag(FLAGS_budget);
-  if (absl::GetFlag(FLAGS_window) < 0) return Fail("--window: must be >= 0", 2);
+  if (absl::GetFlag(FLAGS_window) < 0) {
+    return Fail(absl::StrCat("--window: ", absl::GetFlag(FLAGS_window),
+                             ", must be >= 0 (0: 2 x blocks x micro-batches)"),
+                2);
+  }
   options.window = absl::GetFlag(FLAGS_window);
   options.budget_virtual = absl::GetFlag(FLAGS_budget_virtual);
   if (options.budget_wall < absl::ZeroDuration() ||
@@ -227,8 +288,22 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
   options.link.latency_seconds =
       absl::ToDoubleSeconds(absl::GetFlag(FLAGS_link_latency));
   options.link.bytes_per_second = absl::GetFlag(FLAGS_link_bandwidth);
-  if (options.link.latency_seconds < 0 || options.link.bytes_per_second <= 0) {
-    return Fail("--link-latency must be >= 0 and --link-bandwidth > 0", 2);
+  // NaN fails every comparison: test for the good range, not the bad one.
+  if (!(std::isfinite(options.link.latency_seconds) &&
+        options.link.latency_seconds >= 0)) {
+    return Fail(
+        absl::StrCat("--link-latency: ",
+                     absl::FormatDuration(absl::GetFlag(FLAGS_link_latency)),
+                     ", must be a finite time >= 0"),
+        2);
+  }
+  if (!(std::isfinite(options.link.bytes_per_second) &&
+        options.link.bytes_per_second > 0)) {
+    return Fail(
+        absl::StrCat("--link-bandwidth: ", options.link.bytes_per_second,
+                     ", must be a finite number of bytes per "
+                     "second > 0"),
+        2);
   }
   options.on_cluster = [](interlock::LocalCluster* c) {
     std::lock_guard<std::mutex> l(g_cluster_mu);
@@ -243,6 +318,7 @@ int RunTrain() {
   auto loaded = interlock::LoadRunConfig(path);
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   RunConfig config = *loaded;
+  if (int code = CheckNumericFlags(); code != 0) return code;
   auto* t = config.mutable_training();
   const std::string mode = absl::AsciiStrToLower(absl::GetFlag(FLAGS_mode));
   if (mode == "e2e") {
@@ -253,8 +329,7 @@ int RunTrain() {
     return Fail(absl::StrCat("--mode: '", mode, "', expected e2e or interlock"),
                 2);
   }
-  if (absl::GetFlag(FLAGS_n) != 0) {
-    if (absl::GetFlag(FLAGS_n) < 0) return Fail("--n: must be >= 1", 2);
+  if (Given(FLAGS_n)) {
     t->set_n(absl::GetFlag(FLAGS_n));
     if (mode.empty()) t->set_mode(TrainingSpec::INTERLOCK);
   }
@@ -267,25 +342,29 @@ int RunTrain() {
     return Fail(absl::StrCat("--rule: '", rule, "', expected furthest or sum"),
                 2);
   }
-  if (absl::GetFlag(FLAGS_steps) >= 0) t->set_steps(absl::GetFlag(FLAGS_steps));
-  if (absl::GetFlag(FLAGS_epochs) >= 0) {
+  if (Given(FLAGS_steps)) t->set_steps(absl::GetFlag(FLAGS_steps));
+  if (Given(FLAGS_epochs)) {
     t->set_epochs(absl::GetFlag(FLAGS_epochs));
-    if (absl::GetFlag(FLAGS_steps) < 0) t->set_steps(0);
+    if (!Given(FLAGS_steps)) t->set_steps(0);
   }
-  if (absl::GetFlag(FLAGS_seed) >= 0) t->set_seed(absl::GetFlag(FLAGS_seed));
-  if (absl::GetFlag(FLAGS_threads_per_block) > 0) {
+  if (Given(FLAGS_seed)) t->set_seed(absl::GetFlag(FLAGS_seed));
+  if (Given(FLAGS_threads_per_block)) {
     t->set_threads_per_block(absl::GetFlag(FLAGS_threads_per_block));
   }
   interlock::TrainOptions options;
   if (int code = TrainOptionsFromFlags(options); code != 0) return code;
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   if (options.checkpoint_every < 0) {
-    return Fail("--checkpoint-every: must be >= 0", 2);
+    return Fail(absl::StrCat("--checkpoint-every: ", options.checkpoint_every,
+                             ", must be >= 0 (0: only on SIGTERM/SIGINT)"),
+                2);
   }
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   if (options.keep_checkpoints < 1) {
-    return Fail("--keep-checkpoints: must be >= 1", 2);
+    return Fail(absl::StrCat("--keep-checkpoints: ", options.keep_checkpoints,
+                             ", must be >= 1"),
+                2);
   }
   options.resume = absl::GetFlag(FLAGS_resume);
   options.recover_timeout = absl::GetFlag(FLAGS_recover_timeout);
@@ -329,6 +408,10 @@ int RunCompare() {
     return Fail("compare: choose the modes with --modes, not --mode/--n/--rule",
                 2);
   }
+  if (Given(FLAGS_n)) {
+    return Fail("compare: choose the modes with --modes, not --n", 2);
+  }
+  if (int code = CheckNumericFlags(); code != 0) return code;
   interlock::CompareOptions o;
   o.config_path = absl::GetFlag(FLAGS_config);
   o.modes = absl::GetFlag(FLAGS_modes);
@@ -348,6 +431,12 @@ int RunSimulate() {
   o.profile = absl::GetFlag(FLAGS_profile);
   o.blocks = absl::GetFlag(FLAGS_blocks);
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
+  if (o.blocks < 0 || o.microbatches < 0) {
+    return Fail(
+        absl::StrCat("--blocks ", o.blocks, " and --microbatches ",
+                     o.microbatches, ": must be >= 0 (0: the profile's)"),
+        2);
+  }
   o.sweep = absl::GetFlag(FLAGS_sweep);
   const std::string rule = absl::AsciiStrToLower(absl::GetFlag(FLAGS_rule));
   if (!rule.empty() && rule != "furthest" && rule != "sum") {
@@ -364,19 +453,26 @@ int RunSimulate() {
   } else if (!mode.empty() && mode != "interlock") {
     return Fail(absl::StrCat("--mode: '", mode, "', expected e2e or interlock"),
                 2);
-  } else if (n != 0) {
-    if (n < 0) return Fail("--n: must be >= 1 or e2e", 2);
+  } else if (n != 0 || Given(FLAGS_n)) {
+    if (n < 1)
+      return Fail(absl::StrCat("--n: ", n, ", must be >= 1 or e2e"), 2);
     o.has_mode = true;
     o.mode.n = n;
     o.mode.sum = o.sum_rule;
   }
   if (g_given_flags.count("link_bandwidth")) {
     o.bandwidth = absl::GetFlag(FLAGS_link_bandwidth);
-    if (o.bandwidth <= 0) return Fail("--link-bandwidth must be > 0", 2);
+    if (!(std::isfinite(o.bandwidth) && o.bandwidth > 0)) {
+      return Fail(absl::StrCat("--link-bandwidth: ", o.bandwidth,
+                               ", must be a finite number > 0"),
+                  2);
+    }
   }
   if (g_given_flags.count("link_latency")) {
     o.latency = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_link_latency));
-    if (o.latency < 0) return Fail("--link-latency must be >= 0", 2);
+    if (!(std::isfinite(o.latency) && o.latency >= 0)) {
+      return Fail("--link-latency: must be a finite time >= 0", 2);
+    }
   }
   return interlock::SimulateMain(o, std::cout, std::cerr);
 }
@@ -413,6 +509,9 @@ int main(int argc, char** argv) {
         if (a[i] == '-') a[i] = '_';
       }
       g_given_flags.insert(a.substr(2, a.find('=') - 2));
+    } else if (a.size() > 1 && a[0] == '-' && absl::ascii_isalpha(a[1])) {
+      // absl also takes -flag; a negative number is a value, not a flag.
+      g_given_flags.insert(a.substr(1, a.find('=') - 1));
     }
     argv2.push_back(a.data());
   }

@@ -16,15 +16,16 @@ namespace interlock {
 namespace fs = std::filesystem;
 
 absl::StatusOr<std::unique_ptr<RunCheckpoints>> RunCheckpoints::Open(
-    const std::string& dir, int keep, std::ostream* log) {
+    const std::string& dir, int keep, std::ostream* log,
+    const std::string& seal_key) {
   std::vector<std::string> removed;
   ASSIGN_OR_RETURN(CheckpointStore store,
-                   CheckpointStore::Open(dir, keep, &removed));
+                   CheckpointStore::Open(dir, keep, &removed, seal_key));
   for (const auto& r : removed) {
     *log << "interlock: removed the unfinished checkpoint " << r << "\n";
   }
   return std::unique_ptr<RunCheckpoints>(
-      new RunCheckpoints(std::move(store), log));
+      new RunCheckpoints(std::move(store), log, seal_key));
 }
 
 absl::StatusOr<std::optional<Checkpoint>> RunCheckpoints::FindResume(
@@ -43,19 +44,19 @@ absl::StatusOr<std::optional<Checkpoint>> RunCheckpoints::FindResume(
     if (fs::exists(path / "manifest.pbtxt", ec)) {
       // One checkpoint; if it is damaged, the previous complete one beside
       // it.
-      auto c = ReadCheckpoint(path.string());
+      auto c = ReadCheckpoint(path.string(), seal_key_);
       if (c.ok()) {
         found = *std::move(c);
       } else {
         refused.push_back(std::string(c.status().message()));
-        auto siblings =
-            CheckpointStore::Open(path.parent_path().string(), 1 << 30);
+        auto siblings = CheckpointStore::Open(path.parent_path().string(),
+                                              1 << 30, nullptr, seal_key_);
         if (siblings.ok()) {
           for (const auto& dir : siblings->List()) {
             if (fs::path(dir).filename() >= path.filename()) {
               continue;
             }
-            auto older = ReadCheckpoint(dir);
+            auto older = ReadCheckpoint(dir, seal_key_);
             if (older.ok()) {
               found = *std::move(older);  // the newest older one wins
             } else {
@@ -65,7 +66,7 @@ absl::StatusOr<std::optional<Checkpoint>> RunCheckpoints::FindResume(
         }
       }
     } else {
-      auto store = CheckpointStore::Open(resume, 1 << 30);
+      auto store = CheckpointStore::Open(resume, 1 << 30, nullptr, seal_key_);
       if (!store.ok()) return store.status();
       found = store->Latest(&refused);
     }
@@ -125,10 +126,19 @@ absl::Status Restore(Engine& engine, const Checkpoint& c) {
 
 absl::Status CutJsonLines(const std::string& path,
                           const std::function<bool(int64_t)>& keep) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return absl::OkStatus();
+  // A device would be read forever (/dev/zero) or not at all.
+  if (!fs::is_regular_file(path, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": not a regular file; cannot continue it"));
+  }
   std::ifstream in(path);
-  if (!in) return absl::OkStatus();
+  if (!in) {
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot be read"));
+  }
   const std::string temp = path + ".tmp";
-  std::ofstream out(temp, std::ios::trunc);
+  std::string out;
   constexpr char kStep[] = "{\"step\":";
   std::string line;
   while (std::getline(in, line)) {
@@ -141,13 +151,12 @@ absl::Status CutJsonLines(const std::string& path,
         !absl::SimpleAtoi(line.substr(start, end - start), &step)) {
       continue;
     }
-    if (keep(step)) out << line << "\n";
+    if (keep(step)) absl::StrAppend(&out, line, "\n");
   }
-  out.close();
-  if (!out) {
-    return absl::DataLossError(absl::StrCat("cannot rewrite ", path));
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat(path, ": read error"));
   }
-  std::error_code ec;
+  RETURN_IF_ERROR(WriteFileChecked(temp, out));
   fs::rename(temp, path, ec);
   if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
   return absl::OkStatus();

@@ -21,9 +21,11 @@ namespace interlock {
 class RunCheckpoints {
  public:
   // Opens `dir` (created if needed; unfinished temporaries removed and
-  // reported on `log`).
+  // reported on `log`). With a `seal_key` (the run's token) checkpoints are
+  // signed, and unsigned or wrongly signed ones are refused.
   static absl::StatusOr<std::unique_ptr<RunCheckpoints>> Open(
-      const std::string& dir, int keep, std::ostream* log);
+      const std::string& dir, int keep, std::ostream* log,
+      const std::string& seal_key = "");
 
   // The checkpoint to resume from: `resume` if given (a checkpoint folder,
   // or a folder of them: the newest that verifies), else the newest in this
@@ -42,10 +44,11 @@ class RunCheckpoints {
   const std::string& dir() const { return store_.root(); }
 
  private:
-  RunCheckpoints(CheckpointStore store, std::ostream* log)
-      : store_(std::move(store)), log_(log) {}
+  RunCheckpoints(CheckpointStore store, std::ostream* log, std::string seal_key)
+      : store_(std::move(store)), log_(log), seal_key_(std::move(seal_key)) {}
   CheckpointStore store_;
   std::ostream* log_;
+  std::string seal_key_;
 };
 
 // OK when `manifest` is of a run with exactly this configuration (after
@@ -60,7 +63,8 @@ absl::Status Restore(Engine& engine, const Checkpoint& checkpoint);
 
 // Keeps the lines of a JSON-lines report whose leading "step" satisfies
 // `keep` (the file is rewritten through a temporary and a rename). A
-// missing file is fine.
+// missing file is fine; one that is not a regular file (a device, a folder)
+// is refused.
 absl::Status CutJsonLines(const std::string& path,
                           const std::function<bool(int64_t)>& keep);
 

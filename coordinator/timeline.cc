@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "coordinator/checkpoint.h"
 #include "coordinator/json.h"
 
 namespace interlock {
@@ -36,12 +37,10 @@ std::string Quote(const std::string& s) {
   return "'" + absl::StrReplaceAll(s, {{"'", "''"}}) + "'";
 }
 
+// Every write and the close are checked: a full disk fails the run, naming
+// the file and the reason.
 absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::DataLossError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
+  return WriteFileChecked(path, text);
 }
 
 // Spans of each block in time order.

@@ -1,18 +1,27 @@
 #include "coordinator/train.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/checkpoint.h"
 #include "coordinator/cluster_engine.h"
 #include "coordinator/inprocess_engine.h"
 #include "coordinator/json.h"
@@ -60,12 +69,81 @@ constexpr int64_t kTimelineSteps = 64;
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
+// A failed write of a run file: the path and the reason; a full disk or
+// quota is RESOURCE_EXHAUSTED.
+absl::Status WriteFailed(const std::string& path, int err) {
+  const std::string message =
+      absl::StrCat("writing ", path, ": ", std::strerror(err));
+  if (err == ENOSPC || err == EDQUOT) {
+    return absl::ResourceExhaustedError(message);
+  }
+  return absl::DataLossError(message);
+}
+
+// metrics.jsonl, written a line at a time as steps finish. Every write is
+// checked (a stream would drop lines on a full disk and say nothing).
+class LineFile {
+ public:
+  LineFile() = default;
+  LineFile(const LineFile&) = delete;
+  LineFile& operator=(const LineFile&) = delete;
+  ~LineFile() {
+    if (fd_ >= 0) close(fd_);
+  }
+  absl::Status Open(const std::string& path, bool append) {
+    path_ = path;
+    fd_ = open(path.c_str(),
+               O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC),
+               0644);
+    if (fd_ < 0) {
+      const int err = errno;
+      return absl::PermissionDeniedError(
+          absl::StrCat("--out: cannot write ", path, ": ", std::strerror(err)));
+    }
+    return absl::OkStatus();
+  }
+  bool is_open() const { return fd_ >= 0; }
+  absl::Status Append(absl::string_view line) {
+    const std::string text = absl::StrCat(line, "\n");
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = write(fd_, text.data() + done, text.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return WriteFailed(path_, errno);
+      }
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Close() {
+    if (fd_ < 0) return absl::OkStatus();
+    const int rc = close(fd_);
+    fd_ = -1;
+    if (rc != 0) return WriteFailed(path_, errno);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Whether two folder names are the same folder (so it is locked once).
+bool SameFolder(const std::string& a, const std::string& b) {
+  std::error_code ec1, ec2;
+  const auto ca = std::filesystem::weakly_canonical(a, ec1);
+  const auto cb = std::filesystem::weakly_canonical(b, ec2);
+  return !ec1 && !ec2 && ca == cb;
+}
+
 class Runner {
  public:
   Runner(const RunConfig& config, const TrainOptions& options, Engine& engine,
          const Dataset& train, const Dataset& test, const DataShape& shape,
-         CoordinatorMetrics* metrics)
-      : metrics_out_(metrics),
+         CoordinatorMetrics* metrics, std::string seal_key)
+      : seal_key_(std::move(seal_key)),
+        metrics_out_(metrics),
         c_(config),
         o_(options),
         engine_(engine),
@@ -114,7 +192,7 @@ class Runner {
           return false;
         }));
         acc_.microbatches_replayed += dropped * t.microbatches();
-        metrics_.open(path, std::ios::app);
+        RETURN_IF_ERROR(metrics_.Open(path, /*append=*/true));
         for (const auto& line : pending_metrics_) {
           constexpr char kStep[] = "{\"step\":";
           const size_t comma = line.find(',');
@@ -124,15 +202,11 @@ class Runner {
             continue;
           }
           if (step > last_kept && step < start_step_) {
-            metrics_ << line << "\n";
+            RETURN_IF_ERROR(metrics_.Append(line));
           }
         }
       } else {
-        metrics_.open(path, std::ios::trunc);
-      }
-      if (!metrics_) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("--out: cannot write ", path));
+        RETURN_IF_ERROR(metrics_.Open(path, /*append=*/false));
       }
     }
     Progress progress(
@@ -166,6 +240,7 @@ class Runner {
       ASSIGN_OR_RETURN(from, Recover(s));
     }
     progress.Finish();
+    RETURN_IF_ERROR(metrics_.Close());
     RETURN_IF_ERROR(CheckAccounting());
     result.accounting = acc_;
     if (!o_.out_dir.empty()) RETURN_IF_ERROR(WriteFiles(result));
@@ -264,13 +339,14 @@ class Runner {
   }
 
   // Step records wait for the replay to place the step on the virtual clock.
-  void EmitReady() {
+  absl::Status EmitReady() {
     while (next_emit_ < completed_ && next_emit_ < ClockFinished()) {
       auto it = steps_.find(next_emit_);
-      EmitStep(next_emit_, it->second);
+      RETURN_IF_ERROR(EmitStep(next_emit_, it->second));
       steps_.erase(it);
       ++next_emit_;
     }
+    return absl::OkStatus();
   }
   // Submits steps [from, total), with evaluations and checkpoints at their
   // step boundaries, and waits until every block has stepped all of them.
@@ -340,7 +416,7 @@ class Runner {
     if (clock_) clock_->Finish();
     RETURN_IF_ERROR(DrainThrough(total_ - 1));
     if (clock_) clock_->Advance();
-    EmitReady();
+    RETURN_IF_ERROR(EmitReady());
     if (next_emit_ < total_) {
       return absl::InternalError(absl::StrCat(
           "virtual clock: step ", next_emit_, " did not finish in the replay"));
@@ -369,9 +445,9 @@ class Runner {
   // A stop request: checkpoint at this step boundary and end the run.
   absl::Status Stop(int64_t s) {
     if (!checkpoints_ && !checkpoint_dir_.empty()) {
-      ASSIGN_OR_RETURN(
-          checkpoints_,
-          RunCheckpoints::Open(checkpoint_dir_, o_.keep_checkpoints, o_.log));
+      ASSIGN_OR_RETURN(checkpoints_, RunCheckpoints::Open(checkpoint_dir_,
+                                                          o_.keep_checkpoints,
+                                                          o_.log, seal_key_));
     }
     if (!checkpoints_) {
       return absl::CancelledError(
@@ -383,7 +459,7 @@ class Runner {
     if (clock_) {
       clock_->Finish();
       clock_->Advance();
-      EmitReady();
+      RETURN_IF_ERROR(EmitReady());
     }
     ASSIGN_OR_RETURN(const std::string dir, TakeCheckpoint(s));
     return absl::CancelledError(
@@ -415,8 +491,9 @@ class Runner {
         !std::filesystem::exists(dir, ec)) {
       return absl::OkStatus();  // opened if a stop request needs it
     }
-    ASSIGN_OR_RETURN(checkpoints_,
-                     RunCheckpoints::Open(dir, o_.keep_checkpoints, o_.log));
+    ASSIGN_OR_RETURN(
+        checkpoints_,
+        RunCheckpoints::Open(dir, o_.keep_checkpoints, o_.log, seal_key_));
     ASSIGN_OR_RETURN(std::optional<Checkpoint> c,
                      checkpoints_->FindResume(o_.resume));
     if (!c) return absl::OkStatus();
@@ -677,8 +754,7 @@ class Runner {
                              d->timing.seconds);
       }
       clock_->Advance();
-      EmitReady();
-      return absl::OkStatus();
+      return EmitReady();
     }
     if (std::get_if<DuplicateAck>(&e)) {
       ++acc_.duplicates_acknowledged;
@@ -730,8 +806,7 @@ class Runner {
       ++completed_;
     }
     clock_->Advance();
-    EmitReady();
-    return absl::OkStatus();
+    return EmitReady();
   }
 
   std::vector<double> MeanLosses(const StepAgg& agg) const {
@@ -756,7 +831,7 @@ class Runner {
         "],\"samples_per_second\":", JsonNumber(sps), "}");
   }
 
-  void EmitStep(int64_t s, const StepAgg& agg) {
+  absl::Status EmitStep(int64_t s, const StepAgg& agg) {
     const std::vector<double> losses = MeanLosses(agg);
     last_losses_ = losses;
     const double wall = agg.wall;
@@ -767,8 +842,7 @@ class Runner {
         static_cast<double>(c_.training().batch_size()) * (s + 1);
     const double sps = wall > 0 ? samples / wall : 0.0;
     if (metrics_.is_open()) {
-      metrics_ << MetricsLine(s, agg, virt) << "\n";
-      metrics_.flush();
+      RETURN_IF_ERROR(metrics_.Append(MetricsLine(s, agg, virt)));
     }
     lrs_.erase(s);
     if (metrics_out_) {
@@ -783,6 +857,7 @@ class Runner {
     }
     prev_wall_ = wall;
     progress_->Update(s + 1, losses, sps, wall);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::vector<HeadResult>> Evaluate() {
@@ -849,8 +924,10 @@ class Runner {
     return absl::OkStatus();
   }
 
+  // Every file is built in memory and written with every write and the
+  // close checked: a full disk fails the run, naming the file.
   absl::Status WriteFiles(const TrainResult& r) {
-    std::ofstream ev(o_.out_dir + "/eval.jsonl", std::ios::trunc);
+    std::ostringstream ev;
     for (const auto& e : r.evals) {
       for (const auto& h : e.heads) {
         ev << "{\"step\":" << e.step
@@ -863,7 +940,8 @@ class Runner {
            << ",\"perplexity\":" << JsonNumber(h.perplexity) << "}\n";
       }
     }
-    std::ofstream sm(o_.out_dir + "/summary.json.tmp", std::ios::trunc);
+    RETURN_IF_ERROR(WriteFileChecked(o_.out_dir + "/eval.jsonl", ev.str()));
+    std::ostringstream sm;
     const auto& t = c_.training();
     sm << "{\n  \"name\": " << JsonString(c_.name())
        << ",\n  \"mode\": " << JsonString(ModeName(c_))
@@ -912,11 +990,8 @@ class Runner {
        << ", \"duplicates_acknowledged\": " << a.duplicates_acknowledged
        << ", \"resumed_from_step\": " << a.resumed_from_step
        << ", \"checkpoints\": " << a.checkpoints << "}\n}\n";
-    sm.close();
-    if (!ev || !sm) {
-      return absl::DataLossError(
-          absl::StrCat("--out: writing results to ", o_.out_dir, " failed"));
-    }
+    RETURN_IF_ERROR(
+        WriteFileChecked(o_.out_dir + "/summary.json.tmp", sm.str()));
     std::error_code ec;
     std::filesystem::rename(o_.out_dir + "/summary.json.tmp",
                             o_.out_dir + "/summary.json", ec);
@@ -936,6 +1011,9 @@ class Runner {
     return WriteTimeline(*clock_, info, o_.out_dir);
   }
 
+  // The run's token: checkpoints are signed with it and must carry its
+  // signature to be loaded (empty: checksums only).
+  const std::string seal_key_;
   CoordinatorMetrics* metrics_out_;
   const RunConfig& c_;
   const TrainOptions& o_;
@@ -947,7 +1025,7 @@ class Runner {
   const int k_;
   Progress* progress_ = nullptr;
   Clock::time_point start_;
-  std::ofstream metrics_;
+  LineFile metrics_;
   int64_t per_epoch_ = 0;
   int64_t asked_ = 0;  // steps the config asks for
   int64_t total_ = 0;  // steps run (fewer when a budget stops the run)
@@ -991,11 +1069,73 @@ class Runner {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<FolderLock>> FolderLock::Acquire(
+    const std::string& dir, const std::string& flag) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(flag, ": cannot create ", dir, ": ", ec.message()));
+  }
+  const std::string path = dir + "/.interlock.lock";
+  // Close-on-exec: a worker started by a local cluster must not inherit
+  // (and so keep) the lock.
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::PermissionDeniedError(absl::StrCat(
+        flag, ": cannot open the lock file ", path, ": ", std::strerror(err)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    close(fd);
+    if (err == EWOULDBLOCK) {
+      int64_t pid = 0;
+      const bool known =
+          n > 0 && absl::SimpleAtoi(absl::StripAsciiWhitespace(buf), &pid);
+      return absl::FailedPreconditionError(absl::StrCat(
+          flag, ": ", dir, " is in use by another run",
+          known ? absl::StrCat(" (pid ", pid, ")") : "", "; wait for it to ",
+          "finish or choose another ", flag, " (lock: ", path, ")"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, ": cannot lock ", path, ": ", std::strerror(err)));
+  }
+  // The holder, for the message above. Only informative: a full disk must
+  // not stop the run here (its own writes will say so).
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd, 0) == 0) {
+    if (pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+      // Ignored, see above.
+    }
+  }
+  return std::unique_ptr<FolderLock>(new FolderLock(fd));
+}
+
+FolderLock::~FolderLock() { close(fd_); }
+
 absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
                                   const TrainOptions& options) {
   RunConfig config = config_in;
   ApplyDefaults(config);
   RETURN_IF_ERROR(ValidateRunConfig(config));
+  // Held until the run returns; a second run on the same folder is refused
+  // here, before it loads data or starts workers.
+  std::vector<std::unique_ptr<FolderLock>> locks;
+  if (!options.out_dir.empty()) {
+    ASSIGN_OR_RETURN(auto lock, FolderLock::Acquire(options.out_dir, "--out"));
+    locks.push_back(std::move(lock));
+  }
+  if (!options.checkpoint_dir.empty() &&
+      (options.out_dir.empty() ||
+       !SameFolder(options.checkpoint_dir, options.out_dir))) {
+    ASSIGN_OR_RETURN(auto lock, FolderLock::Acquire(options.checkpoint_dir,
+                                                    "--checkpoint-dir"));
+    locks.push_back(std::move(lock));
+  }
+  std::string seal_key;
   const int64_t context = config.model().has_transformer()
                               ? config.model().transformer().context()
                               : 1;
@@ -1012,8 +1152,10 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
     ClusterOptions co;
     co.workers = options.workers;
     co.connect_timeout = options.connect_timeout;
+    co.window = options.window;
     ASSIGN_OR_RETURN(co.security, LoadTransportSecurity(options.security,
                                                         /*server=*/false));
+    seal_key = co.security.token;
     if (metrics) {
       co.on_worker_state = [m = metrics.get()](int block, bool up) {
         m->SetWorkerUp(block, up);
@@ -1050,7 +1192,7 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
                      MakeInProcessEngine(config, data.shape, options.schedule));
   }
   Runner runner(config, options, *engine, *data.train, *data.test, data.shape,
-                metrics.get());
+                metrics.get(), seal_key);
   auto result = runner.Run();
   engine->Shutdown();
   if (local) {

@@ -3,9 +3,11 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -84,12 +86,63 @@ void ApplyDefaults(RunConfig& c) {
 
 absl::Status CheckLearningRate(double lr, const std::string& what) {
   if (!std::isfinite(lr) || lr < 0 || lr > kMaxLearningRate) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": learning rate ", lr, " is not a finite number in [0, ",
-        kMaxLearningRate, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": learning rate ", lr,
+                     " is not a finite number in [0, ", kMaxLearningRate, "]"));
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// Every rate the schedule can produce must be one a block accepts: checked
+// here, before any step, rather than failing in LibTorch mid-run. Mirrors
+// LearningRateAt (services/optim.cc): lr 0 and gamma 0 mean "unset".
+absl::Status ValidateSchedule(const interlock::v1::ScheduleSpec& s) {
+  using interlock::v1::ScheduleSpec;
+  RETURN_IF_ERROR(CheckLearningRate(s.lr(), "schedule.lr"));
+  const double base = s.lr() > 0 ? s.lr() : 0.1;
+  if (!std::isfinite(s.gamma()) || s.gamma() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule.gamma: ", s.gamma(),
+                     " is not a finite number > 0 (0: the default 0.1)"));
+  }
+  if (!std::isfinite(s.min_lr())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule.min_lr: ", s.min_lr(), " is not a finite number"));
+  }
+  if (s.warmup_steps() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule.warmup_steps: ", s.warmup_steps(), " must not be negative"));
+  }
+  switch (s.kind()) {
+    case ScheduleSpec::MULTISTEP: {
+      // After the j-th milestone (in step order) the rate is base * gamma^j.
+      const double gamma = s.gamma() > 0 ? s.gamma() : 0.1;
+      std::vector<int64_t> milestones(s.milestones().begin(),
+                                      s.milestones().end());
+      std::sort(milestones.begin(), milestones.end());
+      double lr = base;
+      for (size_t j = 0; j < milestones.size(); ++j) {
+        lr *= gamma;
+        RETURN_IF_ERROR(CheckLearningRate(
+            lr, absl::StrCat("schedule.gamma: ", s.gamma(), " makes the rate ",
+                             "from step ", milestones[j], " (milestone ", j + 1,
+                             ", schedule.lr ", base, ")")));
+      }
+      break;
+    }
+    case ScheduleSpec::COSINE:
+      // Warm-up climbs to lr, then the cosine goes from lr to min_lr.
+      RETURN_IF_ERROR(CheckLearningRate(s.min_lr(), "schedule.min_lr"));
+      break;
+    default:
+      break;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ValidateRunConfig(const RunConfig& c) {
   const auto& t = c.training();
@@ -123,9 +176,7 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
           "data.inline_inputs: NaN and infinite values are not data");
     }
   }
-  if (c.schedule().lr() < 0) {
-    return absl::InvalidArgumentError("schedule.lr: must not be negative");
-  }
+  RETURN_IF_ERROR(ValidateSchedule(c.schedule()));
   if (c.model().has_transformer() &&
       c.data().kind() != interlock::v1::DataSpec::TEXT &&
       c.data().kind() != interlock::v1::DataSpec::SYNTHETIC_TEXT) {
