@@ -105,26 +105,33 @@ absl::Status CheckCertificateAndKey(const SecurityFiles& f,
 
 }  // namespace
 
+absl::StatusOr<std::string> LoadBearerToken(const std::string& flag,
+                                            const std::string& path) {
+  auto text = ReadFlagFile(flag, path);
+  if (!text.ok()) return text.status();
+  std::string token(absl::StripAsciiWhitespace(*text));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", path, " holds only white space"));
+  }
+  for (char c : token) {
+    // gRPC metadata and HTTP header values are printable ASCII.
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": ", path,
+                       ": the token must be printable ASCII without spaces"));
+    }
+  }
+  return token;
+}
+
 absl::StatusOr<TransportSecurity> LoadTransportSecurity(const SecurityFiles& f,
                                                         bool server) {
   TransportSecurity s;
   if (!f.token_file.empty()) {
-    auto text = ReadFlagFile("token-file", f.token_file);
-    if (!text.ok()) return text.status();
-    s.token = std::string(absl::StripAsciiWhitespace(*text));
-    if (s.token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--token-file: ", f.token_file, " holds only white space"));
-    }
-    for (char c : s.token) {
-      // gRPC metadata values are printable ASCII.
-      if (c < 0x21 || c > 0x7e) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--token-file: ", f.token_file,
-                         ": the token must be printable ASCII without "
-                         "spaces"));
-      }
-    }
+    auto token = LoadBearerToken("token-file", f.token_file);
+    if (!token.ok()) return token.status();
+    s.token = *std::move(token);
   }
   if (f.tls_cert.empty() != f.tls_key.empty()) {
     return absl::InvalidArgumentError(

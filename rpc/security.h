@@ -51,6 +51,12 @@ struct TransportSecurity {
 absl::StatusOr<TransportSecurity> LoadTransportSecurity(
     const SecurityFiles& files, bool server);
 
+// A bearer token from the file named by --`flag`: its content without
+// surrounding white space, printable ASCII without spaces. Errors name the
+// flag and the file.
+absl::StatusOr<std::string> LoadBearerToken(const std::string& flag,
+                                            const std::string& path);
+
 // The flags that hand the same files to a worker process.
 std::vector<std::string> SecurityFlags(const SecurityFiles& files);
 

@@ -93,18 +93,16 @@ TEST_F(HardeningFlags, BadFlagsExitCleanlyNamingTheFlag) {
       {{"--metrics_host=999.1.1.1"}, {"--metrics_host", "999.1.1.1"}},
       {{"--metrics_token_file=" + dir_ + "/missing"},
        {"--metrics_token_file", dir_ + "/missing"}},
+      {{"--metrics_token_file=" + dir_ + "/blank"},
+       {"--metrics_token_file", dir_ + "/blank", "white space"}},
   };
+  WriteFile(dir_ + "/blank", " \n\t\n");
   for (const Case& c : cases) {
     SCOPED_TRACE(c.flags[0]);
-    std::vector<std::string> flags = c.flags;
-    // The defaults for what the case does not set.
-    for (const char* d : {"--host=127.0.0.1", "--port=0", "--metrics_port=0"}) {
-      const std::string name =
-          std::string(d).substr(0, std::string(d).find('='));
-      bool set = false;
-      for (const auto& f : c.flags) set |= f.rfind(name + "=", 0) == 0;
-      if (!set) flags.push_back(d);
-    }
+    // The case's flag comes last: a flag given twice takes its last value.
+    std::vector<std::string> flags = {"--host=127.0.0.1", "--port=0",
+                                      "--metrics_port=0"};
+    flags.insert(flags.end(), c.flags.begin(), c.flags.end());
     ExpectCleanRefusal(Refused(flags), c.wanted);
   }
 }

@@ -20,7 +20,6 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/status.h"
@@ -132,30 +131,6 @@ absl::Status CheckTargetPort(const std::string& target) {
   return absl::OkStatus();
 }
 
-// The metrics token: one line of printable ASCII, as Prometheus sends it.
-absl::StatusOr<std::string> ReadMetricsToken(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("--metrics_token_file: cannot read ", path));
-  }
-  std::string text((std::istreambuf_iterator<char>(in)),
-                   std::istreambuf_iterator<char>());
-  const std::string token(absl::StripAsciiWhitespace(text));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics_token_file: ", path, " is empty or only white space"));
-  }
-  for (char c : token) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--metrics_token_file: ", path,
-                       ": the token must be printable ASCII without spaces"));
-    }
-  }
-  return token;
-}
-
 // grpc.health.v1.Health/Check over a generic stub: the request is
 // HealthCheckRequest{string service = 1}, the reply
 // HealthCheckResponse{ServingStatus status = 1} (1 = SERVING).
@@ -263,7 +238,8 @@ int main(int argc, char** argv) {
   }
   if (const std::string path = absl::GetFlag(FLAGS_metrics_token_file);
       !path.empty()) {
-    auto token = ReadMetricsToken(path);
+    // Prometheus's credentials_file is read the same way: trimmed.
+    auto token = interlock::LoadBearerToken("metrics_token_file", path);
     if (!token.ok()) {
       std::cerr << "interlock-worker: error: " << token.status().message()
                 << "\n";
