@@ -111,7 +111,7 @@ absl::Status CheckHost(const char* flag, const std::string& host) {
 }
 
 // A health-check target of the form host:port or [v6]:port must have a port
-// gRPC will not wrap (99999 would become 34463, another process's port).
+// gRPC will not wrap (99999 would probe 34463, maybe another process).
 // Targets with a scheme (dns:///, unix:) are left to gRPC.
 absl::Status CheckTargetPort(const std::string& target) {
   const size_t colon = target.rfind(':');
