@@ -86,6 +86,7 @@ class ClusterEngine : public Engine {
       if (k + 1 < k_blocks) req.set_next_address(options_.workers[k + 1]);
       EncodeShape(shape_, req.mutable_shape());
       req.set_max_message_bytes(max_bytes_);
+      req.set_window(options_.window);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
       // At the start, wait for a worker still coming up; in a recovery a

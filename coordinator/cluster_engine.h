@@ -20,6 +20,9 @@ namespace interlock {
 
 struct ClusterOptions {
   std::vector<std::string> workers;  // one address per block, in order
+  // Micro-batches kept in flight (0: 2 x blocks x micro-batches); workers
+  // bound what they queue by it.
+  int window = 0;
   // A worker not reachable within this stops the run, naming it.
   absl::Duration connect_timeout = absl::Seconds(30);
   // Deadline of unary calls (Configure builds the block, so it is generous).

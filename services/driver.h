@@ -86,6 +86,12 @@ class BlockDriver {
 
   BlockTrainer& trainer() { return *trainer_; }
   int64_t current_step() const { return step_; }
+  // Forwards received ahead of their turn, waiting to run.
+  size_t queued() const { return forward_queue_.size(); }
+  // Whether a forward of (step, mb) would run at once rather than wait.
+  bool RunsNext(int64_t step, int mb) const {
+    return step == step_ && mb == forwarded_ && forwarded_ < m_;
+  }
 
  private:
   struct MbState {

@@ -206,6 +206,63 @@ class WorkerFixture : public ::testing::Test {
   std::map<pid_t, std::string> log_of_;
 };
 
+// A field of /proc/PID/status in KiB ("VmRSS", "VmSize", "VmPeak"); -1 when
+// absent.
+inline int64_t ProcStatusKiB(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, field.size() + 1, field + ":") == 0) {
+      return std::stoll(line.substr(field.size() + 1));
+    }
+  }
+  return -1;
+}
+
+// A Stream the test holds open: messages go down when the test says, and it
+// waits for what comes back.
+class OpenStream {
+ public:
+  explicit OpenStream(v1::Worker::Stub* stub, int seconds = 120,
+                      const std::string& authorization = "") {
+    Deadline(&ctx_, seconds);
+    if (!authorization.empty()) {
+      ctx_.AddMetadata("authorization", authorization);
+    }
+    stream_ = stub->Stream(&ctx_);
+  }
+  bool Write(const v1::DownMessage& m) { return stream_->Write(m); }
+  // Reads until an upward completion comes; false if the stream ended.
+  bool AwaitCompletion() {
+    v1::UpMessage up;
+    while (stream_->Read(&up)) {
+      if (up.has_upward() && !up.upward().partial()) return true;
+    }
+    return false;
+  }
+  // Waits for the worker to end the stream (without half-closing it) and
+  // returns its status.
+  grpc::Status AwaitEnd() {
+    v1::UpMessage up;
+    while (stream_->Read(&up)) {
+    }
+    return stream_->Finish();
+  }
+  // Half-closes, reads what is left and returns the stream's status.
+  grpc::Status Finish() {
+    stream_->WritesDone();
+    v1::UpMessage up;
+    while (stream_->Read(&up)) {
+    }
+    return stream_->Finish();
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DownMessage, v1::UpMessage>>
+      stream_;
+};
+
 // --- Bearer token. ---------------------------------------------------------
 
 // --- Start-up failures and raw HTTP (tests/hardening_flags_test.cc). -------

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "services/config.h"
 #include "services/digest.h"
@@ -28,6 +29,14 @@ struct WorkerCore::Run {
   std::vector<int64_t> output_shape;  // block output, no batch dimension
   std::vector<int64_t> target_shape;  // no batch dimension
   int64_t mb_size = 1;
+  // Micro-batches the coordinator keeps in flight, and what follows from
+  // it: how many steps ahead of the block a forward can be, how many
+  // forwards can wait in the driver's queue.
+  int window = 0;
+  int64_t max_steps_ahead = 0;
+  int64_t max_queued = 0;
+  // The largest archive this block's SaveState can produce, with margin.
+  int64_t max_state_bytes = 0;
   torch::ScalarType input_dtype = torch::kFloat32;
   std::unique_ptr<BlockDriver> driver;
   std::unique_ptr<DownstreamLink> link;
@@ -61,6 +70,17 @@ std::vector<int64_t> WithBatch(int64_t b, const std::vector<int64_t>& s) {
   out.insert(out.end(), s.begin(), s.end());
   return out;
 }
+
+// A caller's string in an error message: escaped and cut short (it may be
+// as long as a whole message).
+std::string Quoted(const std::string& s) {
+  constexpr size_t kMax = 64;
+  return absl::StrCat("'", absl::CHexEscape(s.substr(0, kMax)), "'",
+                      s.size() > kMax ? "..." : "");
+}
+
+// Far beyond any useful pipeline; keeps the bounds below from overflowing.
+constexpr int kMaxWindow = 1 << 20;
 
 }  // namespace
 
@@ -154,6 +174,10 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     return absl::InvalidArgumentError(
         absl::StrCat("configure: block ", req.block(), " needs next_address"));
   }
+  if (req.window() < 0 || req.window() > kMaxWindow) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "configure: window ", req.window(), " outside [0, ", kMaxWindow, "]"));
+  }
   if (req.max_message_bytes() > options_.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "configure: the run needs messages of ", req.max_message_bytes(),
@@ -188,6 +212,18 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   run->num_blocks = k_blocks;
   run->microbatches = config.training().microbatches();
   run->mb_size = config.training().batch_size() / run->microbatches;
+  run->window =
+      req.window() > 0 ? req.window() : 2 * k_blocks * run->microbatches;
+  // With W micro-batches in flight, a forward for step s reaches this block
+  // only while some micro-batch of its current step c is unfinished, and
+  // every micro-batch of steps c+1..s-1 is unfinished too (the block runs
+  // none of them before stepping c): (s-c-1)*M + 2 <= W. Two steps more
+  // of margin. Forwards waiting in the queue are all in flight: fewer
+  // than W, M more of margin. Each has the exact input and target shape,
+  // so this also bounds their bytes.
+  run->max_steps_ahead =
+      (run->window + run->microbatches - 1) / run->microbatches + 2;
+  run->max_queued = int64_t{run->window} + run->microbatches;
   run->eval_batch = std::max<int64_t>(config.training().eval_batch_size(),
                                       config.training().batch_size());
   run->classes = shape.classes;
@@ -201,8 +237,22 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
       req.block() == 0 && shape.is_text ? torch::kInt64 : torch::kFloat32;
   run->metrics = &metrics_->ForBlock(req.block());
   int64_t params = 0;
-  for (const auto& [name, t] : trainer->NamedState()) params += t.numel();
+  int64_t tensor_bytes = 0;
+  int64_t entries = 0;
+  for (const auto& [name, t] : trainer->NamedState()) {
+    params += t.numel();
+    tensor_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    ++entries;
+  }
   run->response.set_parameters(params);
+  // SaveState's archive holds every parameter and buffer and, per tensor,
+  // at most three optimizer tensors of its size (Adam's exp_avg,
+  // exp_avg_sq, max_exp_avg_sq) and a step scalar, each entry with its
+  // name and zip and pickle records (4 KiB each is generous). Twice that
+  // plus 1 MiB bounds what LoadState can legitimately receive.
+  run->max_state_bytes = std::min(
+      options_.max_state_bytes,
+      2 * (4 * tensor_bytes + 5 * entries * 4096) + (int64_t{1} << 20));
   for (int64_t d : WithBatch(run->mb_size, run->sample_shape)) {
     run->response.add_input_shape(d);
   }
@@ -285,8 +335,8 @@ void WorkerCore::GetState(
     }
     if (!request.run_id().empty() && request.run_id() != run_->run_id) {
       done(absl::FailedPreconditionError(
-          absl::StrCat("get_state: run ", request.run_id(),
-                       " is not the configured run ", run_->run_id)));
+          absl::StrCat("get_state: run ", Quoted(request.run_id()),
+                       " is not the run this worker is configured for")));
       return;
     }
     v1::GetStateResponse resp;
@@ -308,11 +358,12 @@ absl::Status WorkerCore::CheckRun(const std::string& what,
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": no block configured"));
   }
+  // The refusal names only what the caller sent: a caller who does not
+  // know the run must not learn its id or generation from it.
   if (run_id != run_->run_id || generation != run_->generation) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, ": run '", run_id, "' generation ", generation,
-                     " is not the configured run '", run_->run_id,
-                     "' generation ", run_->generation));
+        absl::StrCat(what, ": run ", Quoted(run_id), " generation ", generation,
+                     " is not the run this worker is configured for"));
   }
   return absl::OkStatus();
 }
@@ -336,16 +387,50 @@ void WorkerCore::SaveState(
   });
 }
 
+void WorkerCore::CheckLoadState(const BlockStateArchive& header,
+                                int64_t total_bytes,
+                                std::function<void(absl::Status)> done) {
+  Post([this, run_id = header.run_id, generation = header.generation,
+        block = header.block, total_bytes, done = std::move(done)] {
+    done([&]() -> absl::Status {
+      RETURN_IF_ERROR(CheckRun("load_state", run_id, generation));
+      const std::string what =
+          absl::StrCat("load_state of block ", run_->block);
+      if (block != run_->block) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": the state is of block ", block));
+      }
+      if (total_bytes < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": negative size ", total_bytes, " announced"));
+      }
+      if (total_bytes > run_->max_state_bytes) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(what, ": ", total_bytes,
+                         " bytes announced, but this block's state is at most ",
+                         run_->max_state_bytes, " bytes"));
+      }
+      return absl::OkStatus();
+    }());
+  });
+}
+
 void WorkerCore::LoadState(BlockStateArchive state,
                            std::function<void(absl::StatusOr<int64_t>)> done) {
-  Post([this, state = std::move(state), done = std::move(done)] {
-    done([&]() -> absl::StatusOr<int64_t> {
+  Post([this, state = std::move(state), done = std::move(done)]() mutable {
+    absl::StatusOr<int64_t> result = [&]() -> absl::StatusOr<int64_t> {
       RETURN_IF_ERROR(CheckRun("load_state", state.run_id, state.generation));
       const std::string what =
           absl::StrCat("load_state of block ", run_->block);
       if (state.block != run_->block) {
         return absl::InvalidArgumentError(
             absl::StrCat(what, ": the state is of block ", state.block));
+      }
+      if (static_cast<int64_t>(state.bytes.size()) > run_->max_state_bytes) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(what, ": ", state.bytes.size(),
+                         " bytes, but this block's state is at most ",
+                         run_->max_state_bytes, " bytes"));
       }
       const std::string sha = Sha256Hex(state.bytes.data(), state.bytes.size());
       if (sha != state.sha256) {
@@ -362,7 +447,11 @@ void WorkerCore::LoadState(BlockStateArchive state,
       const int64_t step = run_->driver->current_step();
       run_->metrics->step->Set(static_cast<double>(step));
       return step;
-    }());
+    }();
+    // The archive is freed before the caller hears back: the service
+    // admits the next LoadState then.
+    std::string().swap(state.bytes);
+    done(std::move(result));
   });
 }
 
@@ -381,23 +470,59 @@ void WorkerCore::Detach(const UpstreamSink* sink) {
   if (sink_.get() == sink) sink_.reset();
 }
 
+void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from,
+                             v1::DownMessage msg,
+                             std::function<void()> accepted) {
+  Post([this, from = std::move(from), msg = std::move(msg),
+        accepted = std::move(accepted)]() mutable {
+    if (!run_) {
+      from->Finish(absl::FailedPreconditionError(
+          "stream: no block configured on this worker"));
+      return;
+    }
+    const auto& h = msg.header();
+    if (h.run_id() != run_->run_id || h.generation() != run_->generation) {
+      run_->metrics->rejected->Increment();
+      from->Finish(absl::FailedPreconditionError(
+          absl::StrCat("stream: the first message names run ",
+                       Quoted(h.run_id()), " generation ", h.generation(),
+                       ", not the run this worker is configured for")));
+      return;
+    }
+    // The same run and generation: a reconnect (the coordinator after a
+    // broken stream, block k-1 re-opening its link) takes over.
+    Attach(from);
+    accepted();
+    ProcessDown(from, std::move(msg));
+  });
+}
+
 void WorkerCore::OnDown(std::shared_ptr<UpstreamSink> from,
                         v1::DownMessage msg) {
   // Messages are processed even if their stream was replaced meanwhile: they
   // were delivered, and the driver's checks refuse anything stale.
   Post([this, from = std::move(from), msg = std::move(msg)]() mutable {
-    if (run_) run_->metrics->received_down_bytes->Increment(msg.ByteSizeLong());
-    Run* before = run_.get();
-    const int64_t seen = before ? before->nonfinite_seen : 0;
-    absl::Status s = HandleDown(std::move(msg));
-    if (!s.ok()) {
-      // A stop by this block's non-finite policy is not a refused message.
-      const bool own =
-          run_ && run_.get() == before && run_->nonfinite_seen > seen;
-      if (run_ && !own) run_->metrics->rejected->Increment();
-      from->Finish(s);
-    }
+    ProcessDown(from, std::move(msg));
   });
+}
+
+void WorkerCore::OnDownClosed(std::shared_ptr<UpstreamSink> from) {
+  Post([from = std::move(from)] { from->Finish(absl::OkStatus()); });
+}
+
+void WorkerCore::ProcessDown(const std::shared_ptr<UpstreamSink>& from,
+                             v1::DownMessage msg) {
+  if (run_) run_->metrics->received_down_bytes->Increment(msg.ByteSizeLong());
+  Run* before = run_.get();
+  const int64_t seen = before ? before->nonfinite_seen : 0;
+  absl::Status s = HandleDown(std::move(msg));
+  if (!s.ok()) {
+    // A stop by this block's non-finite policy is not a refused message.
+    const bool own =
+        run_ && run_.get() == before && run_->nonfinite_seen > seen;
+    if (run_ && !own) run_->metrics->rejected->Increment();
+    from->Finish(s);
+  }
 }
 
 absl::Status WorkerCore::HandleDown(v1::DownMessage msg) {
@@ -406,10 +531,10 @@ absl::Status WorkerCore::HandleDown(v1::DownMessage msg) {
   }
   const auto& h = msg.header();
   if (h.run_id() != run_->run_id || h.generation() != run_->generation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "block ", run_->block, ": message for run '", h.run_id(),
-        "' generation ", h.generation(), ", but the configured run is '",
-        run_->run_id, "' generation ", run_->generation));
+    return absl::FailedPreconditionError(
+        absl::StrCat("block ", run_->block, ": message for run ",
+                     Quoted(h.run_id()), " generation ", h.generation(),
+                     ", not the run this worker is configured for"));
   }
   if (h.route().block() != run_->block || h.route().replica() != 0) {
     return absl::InvalidArgumentError(
@@ -447,6 +572,9 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
   if (f.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
   }
+  // Before anything changes: a rate LibTorch cannot apply would otherwise
+  // fail the block's optimizer step, and every step after it.
+  RETURN_IF_ERROR(CheckLearningRate(f.learning_rate(), where));
   if (r.driver->Seen(f.step(), f.microbatch())) {
     // A repeat (a coordinator resending after a broken stream): applying
     // it again would count its gradient twice. Acknowledge it instead.
@@ -457,10 +585,22 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
     SendUp(std::move(ack));
     return absl::OkStatus();
   }
-  if (!std::isfinite(f.learning_rate()) || f.learning_rate() < 0) {
+  // What the run's window allows to be queued (see DoConfigure); more is
+  // a client growing the worker's memory.
+  const int64_t current = r.driver->current_step();
+  if (f.step() > current + r.max_steps_ahead) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": learning rate ", f.learning_rate(),
-                     " is not a finite non-negative number"));
+        absl::StrCat(where, ": more than ", r.max_steps_ahead,
+                     " steps ahead of the block (at step ", current, ", with ",
+                     r.window, " micro-batches in flight)"));
+  }
+  // The forward the block runs next is always taken: it drains the queue.
+  if (!r.driver->RunsNext(f.step(), f.microbatch()) &&
+      static_cast<int64_t>(r.driver->queued()) >= r.max_queued) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        where, ": ", r.driver->queued(),
+        " forwards already wait for their turn, the most a window of ",
+        r.window, " micro-batches allows"));
   }
   ASSIGN_OR_RETURN(torch::Tensor input,
                    DecodeTensor(f.input(), where + " input", options_.limits));

@@ -5,6 +5,7 @@
 #ifndef INTERLOCK_WORKER_WORKER_CORE_H_
 #define INTERLOCK_WORKER_WORKER_CORE_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -43,8 +44,15 @@ struct WorkerOptions {
   // The server's receive limit; a run needing larger messages is refused.
   int64_t max_message_bytes = 256 << 20;
   TensorLimits limits;
-  // Largest block state LoadState accepts.
+  // Largest block state LoadState accepts (a configured block's own bound,
+  // derived from its tensors, is usually far smaller).
   int64_t max_state_bytes = int64_t{4} << 30;
+  // A new Stream must send its first message, naming the configured run,
+  // within this time or it is ended: until then it holds one of the
+  // --max_concurrent_streams slots. The coordinator opens block 0's stream
+  // before it restores a checkpoint into every block, so this leaves room
+  // for large restores.
+  std::chrono::milliseconds stream_proof_timeout{30000};
 };
 
 // A block's state as SaveState produces and LoadState consumes it.
@@ -83,19 +91,36 @@ class WorkerCore {
   // The block's training state at a step boundary (nothing in flight).
   void SaveState(const interlock::v1::SaveStateRequest& request,
                  std::function<void(absl::StatusOr<BlockStateArchive>)> done);
+  // LoadState's first chunk, before anything is buffered: `header` (no
+  // bytes) must name the configured run, generation and block, and
+  // `total_bytes` fit what this block's state can be.
+  void CheckLoadState(const BlockStateArchive& header, int64_t total_bytes,
+                      std::function<void(absl::Status)> done);
   // Replaces the block's training state; checks run, generation, block,
   // size and SHA-256 before decoding anything. Answers the loaded step.
   void LoadState(BlockStateArchive state,
                  std::function<void(absl::StatusOr<int64_t>)> done);
-  int64_t max_state_bytes() const { return options_.max_state_bytes; }
+  const WorkerOptions& options() const { return options_; }
 
-  // A new incoming stream replaces the previous one.
+  // The first message of a new incoming stream. If its header names the
+  // configured run and generation, the stream takes over from the live one
+  // (Attach), the message is handled as by OnDown and `accepted` runs.
+  // Otherwise the stream ends with a refusal that tells nothing of the
+  // configured run, and the live stream is untouched. Runs on the executor.
+  void OnFirstDown(std::shared_ptr<UpstreamSink> from,
+                   interlock::v1::DownMessage msg,
+                   std::function<void()> accepted);
+  // Makes `sink` the incoming stream, ending the previous one. Only for a
+  // stream that proved it belongs to the run (OnFirstDown), or a harness.
   void Attach(std::shared_ptr<UpstreamSink> sink);
   void Detach(const UpstreamSink* sink);
   // A message read from the incoming stream `from`; an error in it ends
   // that stream with the error.
   void OnDown(std::shared_ptr<UpstreamSink> from,
               interlock::v1::DownMessage msg);
+  // The upstream half-closed stream `from`: it ends (OK unless a message
+  // already ended it) after the messages it sent have been handled.
+  void OnDownClosed(std::shared_ptr<UpstreamSink> from);
 
   // Called with true once a block is configured (health SERVING).
   void set_on_configured(std::function<void(bool)> f) {
@@ -112,6 +137,9 @@ class WorkerCore {
   absl::StatusOr<interlock::v1::ConfigureResponse> DoConfigure(
       const interlock::v1::ConfigureRequest& request);
   absl::Status HandleDown(interlock::v1::DownMessage msg);
+  // Handles a message of stream `from`, ending it on error.
+  void ProcessDown(const std::shared_ptr<UpstreamSink>& from,
+                   interlock::v1::DownMessage msg);
   absl::Status HandleForward(const interlock::v1::ForwardData& f);
   absl::Status HandleEval(const interlock::v1::EvalData& e);
   void HandleUp(uint64_t link_id, interlock::v1::UpMessage msg);

@@ -1,6 +1,9 @@
 #include "worker/worker_service.h"
 
+#include <grpcpp/alarm.h>
+
 #include <deque>
+#include <exception>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +23,10 @@ class ReactorSink : public UpstreamSink {
   explicit ReactorSink(StreamReactor* r) : reactor_(r) {}
   void Send(v1::UpMessage msg) override;
   void Finish(const absl::Status& status) override;
+  // The core accepted the stream's first message: read on.
+  void Accepted();
+  // The time to send a first message is up.
+  void ProofTimeout();
   void Orphan() {
     std::lock_guard<std::mutex> l(mu_);
     reactor_ = nullptr;
@@ -40,14 +47,36 @@ class Refused : public Reactor {
 using RefusedStream =
     Refused<grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>>;
 
+// An incoming stream. It reaches the core's live stream only once its first
+// message names the configured run (WorkerCore::OnFirstDown); until then it
+// disturbs nothing, and it is ended if that message does not come in time.
 class StreamReactor
     : public grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage> {
  public:
   StreamReactor(WorkerCore* core, std::atomic<int>* open)
       : core_(core), open_(open) {
     sink_ = std::make_shared<ReactorSink>(this);
-    core_->Attach(sink_);
     StartRead(&in_);
+    // The alarm holds the sink, not the reactor: it may fire after OnDone.
+    proof_alarm_.Set(std::chrono::system_clock::now() +
+                         core_->options().stream_proof_timeout,
+                     [sink = sink_](bool fired) {
+                       if (fired) sink->ProofTimeout();
+                     });
+  }
+
+  void Accepted() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (finishing_) return;
+    StartRead(&in_);
+  }
+
+  void ProofTimeout() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (first_seen_) return;
+    FinishLocked(absl::DeadlineExceededError(absl::StrCat(
+        "stream: no message naming the configured run within ",
+        core_->options().stream_proof_timeout.count(), " ms of opening")));
   }
 
   void Enqueue(v1::UpMessage msg) {
@@ -62,16 +91,25 @@ class StreamReactor
 
   void FinishOnce(const absl::Status& s) {
     std::lock_guard<std::mutex> l(mu_);
-    if (finishing_) return;
-    finishing_ = true;
-    final_ = ToGrpcStatus(s);
-    if (!writing_) Finish(final_);
+    FinishLocked(s);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      // The upstream half-closed or went away: end our side too.
-      FinishOnce(absl::OkStatus());
+      // The upstream half-closed or went away: end our side too, once the
+      // messages it sent are handled (a refusal among them is its status).
+      core_->OnDownClosed(sink_);
+      return;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    if (finishing_) return;  // ended meanwhile: read no more
+    if (!first_seen_) {
+      // The next read starts once the core accepted this one: an unproven
+      // stream holds at most one message.
+      first_seen_ = true;
+      core_->OnFirstDown(sink_, std::move(in_),
+                         [sink = sink_] { sink->Accepted(); });
+      in_.Clear();
       return;
     }
     core_->OnDown(sink_, std::move(in_));
@@ -101,18 +139,27 @@ class StreamReactor
     core_->Detach(sink_.get());
     sink_->Orphan();
     open_->fetch_sub(1);
-    delete this;
+    delete this;  // cancels the alarm if it is still pending
   }
 
  private:
+  void FinishLocked(const absl::Status& s) {
+    if (finishing_) return;
+    finishing_ = true;
+    final_ = ToGrpcStatus(s);
+    if (!writing_) Finish(final_);
+  }
+
   WorkerCore* core_;
   std::atomic<int>* open_;
   std::shared_ptr<ReactorSink> sink_;
+  grpc::Alarm proof_alarm_;
   v1::DownMessage in_;
   std::mutex mu_;
   std::deque<v1::UpMessage> queue_;
   bool writing_ = false;
   bool finishing_ = false;
+  bool first_seen_ = false;  // the first message arrived
   grpc::Status final_;
 };
 
@@ -124,6 +171,16 @@ void ReactorSink::Send(v1::UpMessage msg) {
 void ReactorSink::Finish(const absl::Status& status) {
   std::lock_guard<std::mutex> l(mu_);
   if (reactor_) reactor_->FinishOnce(status);
+}
+
+void ReactorSink::Accepted() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (reactor_) reactor_->Accepted();
+}
+
+void ReactorSink::ProofTimeout() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (reactor_) reactor_->ProofTimeout();
 }
 
 // A link to the next block: channel, stub and stream kept alive together
@@ -199,75 +256,99 @@ class SaveReactor : public grpc::ServerWriteReactor<v1::StateChunk> {
   v1::StateChunk chunk_;
 };
 
-// LoadState: chunks are collected (within the worker's cap and the size the
-// first chunk declared), then the core checks and loads them.
+// LoadState: the first chunk's header is checked by the core before anything
+// is buffered; then chunks are collected up to the size it announced, and
+// the core checks and loads them. One LoadState at a time (`slot`).
 class LoadReactor : public grpc::ServerReadReactor<v1::StateChunk> {
  public:
-  LoadReactor(WorkerCore* core, v1::LoadStateResponse* response)
-      : core_(core), response_(response) {
+  LoadReactor(WorkerCore* core, v1::LoadStateResponse* response,
+              std::atomic<bool>* slot)
+      : core_(core), response_(response), slot_(slot) {
     StartRead(&chunk_);
   }
   void OnReadDone(bool ok) override {
     if (!ok) {
-      if (failed_) return;
       if (!started_) {
-        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "load_state: no state received"));
+        End(absl::InvalidArgumentError("load_state: no state received"));
         return;
       }
       if (static_cast<int64_t>(state_.bytes.size()) != total_) {
-        Fail(grpc::StatusCode::DATA_LOSS,
-             absl::StrCat("load_state: received ", state_.bytes.size(),
-                          " bytes of the ", total_, " announced"));
+        End(absl::DataLossError(
+            absl::StrCat("load_state: received ", state_.bytes.size(),
+                         " bytes of the ", total_, " announced")));
         return;
       }
       core_->LoadState(std::move(state_), [this](absl::StatusOr<int64_t> r) {
         if (r.ok()) response_->set_step(*r);
-        Finish(ToGrpcStatus(r.status()));
+        End(r.status());
       });
       return;
     }
     if (!started_) {
       started_ = true;
       total_ = chunk_.total_bytes();
-      if (total_ < 0 || total_ > core_->max_state_bytes()) {
-        Fail(grpc::StatusCode::RESOURCE_EXHAUSTED,
-             absl::StrCat("load_state: ", total_,
-                          " bytes announced, this worker accepts at most ",
-                          core_->max_state_bytes()));
-        return;
-      }
       state_.run_id = chunk_.run_id();
       state_.generation = chunk_.generation();
       state_.block = chunk_.block();
       state_.step = chunk_.step();
       state_.sha256 = chunk_.sha256();
-      state_.bytes.reserve(total_);
-    }
-    if (static_cast<int64_t>(state_.bytes.size() + chunk_.data().size()) >
-        total_) {
-      Fail(grpc::StatusCode::INVALID_ARGUMENT,
-           absl::StrCat("load_state: more than the ", total_,
-                        " bytes announced"));
+      // Nothing is read on until the core has checked the header against
+      // the configured block.
+      core_->CheckLoadState(state_, total_, [this](absl::Status s) {
+        if (!s.ok()) {
+          End(s);
+          return;
+        }
+        try {
+          state_.bytes.reserve(total_);
+        } catch (const std::exception&) {  // bad_alloc, length_error
+          End(absl::ResourceExhaustedError(
+              absl::StrCat("load_state: cannot reserve the ", total_,
+                           " bytes announced (worker out of memory)")));
+          return;
+        }
+        Append();
+      });
       return;
     }
-    state_.bytes.append(chunk_.data());
-    StartRead(&chunk_);
+    Append();
   }
   void OnDone() override { delete this; }
 
  private:
-  void Fail(grpc::StatusCode code, const std::string& message) {
-    failed_ = true;
-    Finish(grpc::Status(code, message));
+  // Takes the current chunk's data and reads the next chunk.
+  void Append() {
+    if (static_cast<int64_t>(state_.bytes.size() + chunk_.data().size()) >
+        total_) {
+      End(absl::InvalidArgumentError(absl::StrCat("load_state: more than the ",
+                                                  total_, " bytes announced")));
+      return;
+    }
+    try {
+      state_.bytes.append(chunk_.data());
+    } catch (const std::exception&) {
+      End(absl::ResourceExhaustedError(
+          "load_state: out of memory buffering the state"));
+      return;
+    }
+    chunk_.Clear();
+    StartRead(&chunk_);
+  }
+  // Frees what was buffered and the one-at-a-time slot, then finishes:
+  // the next LoadState is admitted as soon as this caller has its status.
+  void End(const absl::Status& s) {
+    std::string().swap(state_.bytes);
+    chunk_.Clear();
+    slot_->store(false);
+    Finish(ToGrpcStatus(s));
   }
 
   WorkerCore* core_;
   v1::LoadStateResponse* response_;
+  std::atomic<bool>* slot_;
   v1::StateChunk chunk_;
   BlockStateArchive state_;
   bool started_ = false;
-  bool failed_ = false;
   int64_t total_ = 0;
 };
 
@@ -294,7 +375,14 @@ grpc::ServerReadReactor<v1::StateChunk>* WorkerService::LoadState(
   if (absl::Status s = Authenticate(ctx); !s.ok()) {
     return new Refused<grpc::ServerReadReactor<v1::StateChunk>>(s);
   }
-  return new LoadReactor(core_, response);
+  // A state is buffered whole before it is checked and loaded: one at a
+  // time bounds that memory by one block's state.
+  if (loading_.exchange(true)) {
+    return new Refused<grpc::ServerReadReactor<v1::StateChunk>>(
+        absl::ResourceExhaustedError(
+            "worker: another load_state is in progress (one at a time)"));
+  }
+  return new LoadReactor(core_, response, &loading_);
 }
 
 grpc::ServerUnaryReactor* WorkerService::Configure(

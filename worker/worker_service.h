@@ -51,6 +51,7 @@ class WorkerService final : public interlock::v1::Worker::CallbackService {
   WorkerCore* core_;
   const WorkerServiceOptions options_;
   std::atomic<int> open_streams_{0};
+  std::atomic<bool> loading_{false};  // a LoadState call is open
 };
 
 // Opens gRPC streams to the next block for WorkerCore, with this worker's
