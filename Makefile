@@ -16,7 +16,8 @@ setup:
 	@bash scripts/setup.sh
 
 $(BUILD)/build.ninja: CMakeLists.txt
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DINTERLOCK_WERROR=ON
 
 build: setup $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -43,7 +44,7 @@ image-test:
 # FUZZ_SECONDS from the seed corpus in tests/fuzz/corpus.
 $(FUZZ_BUILD)/build.ninja: CMakeLists.txt
 	CC=clang-14 CXX=clang++-14 cmake -S . -B $(FUZZ_BUILD) -G Ninja \
-	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINTERLOCK_FUZZ=ON
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINTERLOCK_FUZZ=ON -DINTERLOCK_WERROR=ON
 
 fuzz: setup $(FUZZ_BUILD)/build.ninja
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target interlock_fuzz_targets

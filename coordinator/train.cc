@@ -732,7 +732,11 @@ class Runner {
   }
 
   absl::Status HandleNext() {
-    ASSIGN_OR_RETURN(EngineEvent e, engine_.Next());
+    // Used in place: moving the variant out of the StatusOr makes GCC 12 at
+    // -O3 warn (falsely) that its vectors may be used uninitialised.
+    absl::StatusOr<EngineEvent> next = engine_.Next();
+    if (!next.ok()) return next.status();
+    EngineEvent& e = *next;
     if (auto* d = std::get_if<StepDone>(&e)) {
       if (d->block < 0 || d->block >= k_ || d->step < clock_base_ ||
           d->step >= asked_) {
