@@ -16,7 +16,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -482,6 +484,14 @@ int RunSimulate() {
 
 int main(int argc, char** argv) {
   interlock::TuneAllocator();
+  // --help lists the flags of this binary's main.cc (absl's default looks
+  // for a file named after the program and found none).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(kUsage);
   // Accept --dump-params as well as --dump_params.
   std::vector<std::string> storage(argv, argv + argc);

@@ -148,5 +148,20 @@ TEST(Cli, BadInputsGiveOneLineErrors) {
   std::filesystem::remove_all(dir);
 }
 
+// --help describes every flag of the CLI (absl's default found none).
+TEST(Cli, HelpListsEveryFlagWithItsDescription) {
+  auto r = RunCommand(kCli + " train --help");
+  for (const char* flag :
+       {"--config", "--steps", "--seed", "--out", "--workers", "--budget",
+        "--token_file", "--checkpoint_every", "--recover_timeout"}) {
+    EXPECT_NE(r.output.find(std::string(flag) + " ("), std::string::npos)
+        << flag << " missing from --help:\n"
+        << r.output;
+  }
+  EXPECT_NE(r.output.find("optimizer steps to run"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("No flags matched"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace interlock

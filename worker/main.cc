@@ -18,8 +18,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/status.h"
@@ -181,6 +183,14 @@ int HealthCheck(const std::string& target, const std::string& service,
 
 int main(int argc, char** argv) {
   interlock::TuneAllocator();
+  // --help lists the flags of this binary's main.cc (absl's default looks
+  // for a file named after the program and found none).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "interlock-worker [--host H] [--port P] [--metrics_port M] "
       "[--metrics_host H] [--metrics_token_file F] [--port_file F] "
