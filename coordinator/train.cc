@@ -267,6 +267,7 @@ class Runner {
     sh.e2e = t.mode() == TrainingSpec::E2E;
     sh.n = t.n();
     sh.sum_rule = t.rule() == TrainingSpec::SUM;
+    sh.compute_unused = t.compute_unused_gradients();
     sh.link = o_.link;
     sh.input_bytes = static_cast<int64_t>(x.nbytes() + y.nbytes());
     ASSIGN_OR_RETURN(auto outs, BlockOutputShapes(c_.model(), shape_));

@@ -141,7 +141,8 @@ bool PipelineSim::Drain(int k, double& t) {
       AddSpan(k, SpanKind::kHead, b.step, mb, t, d->head);
       t += d->head;
       ++b.forwarded;
-      b.states[{b.step, mb}];
+      // Entries that train no block never come (GradientLists::Used).
+      b.states[{b.step, mb}].down_count += shape_.Lists().UnusedDown(k);
       if (k + 1 < shape_.blocks) {
         Push(t + shape_.link.Seconds(shape_.down_bytes[k]), k + 1,
              MsgKind::kForward, b.step, mb);

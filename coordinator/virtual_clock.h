@@ -56,6 +56,7 @@ struct PipelineShape {
   bool e2e = false;
   int n = 1;  // interlocking width (ignored for E2E)
   bool sum_rule = false;
+  bool compute_unused = false;      // GradientLists::compute_unused
   int64_t input_bytes = 0;          // one micro-batch into block 0
   std::vector<int64_t> down_bytes;  // block k -> k+1 per micro-batch (K-1)
   // Block k+1 -> k per micro-batch: the whole gradient list (K-1).
@@ -63,7 +64,9 @@ struct PipelineShape {
   LinkModel link;
 
   // The gradient lists of services/trainer.h.
-  GradientLists Lists() const { return {blocks, e2e, n, sum_rule}; }
+  GradientLists Lists() const {
+    return {blocks, e2e, n, sum_rule, compute_unused};
+  }
   int Down(int k) const { return Lists().Down(k); }
   int Up(int k) const { return Lists().Up(k); }
   int Shared(int k) const { return Lists().Shared(k); }

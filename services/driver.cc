@@ -89,14 +89,16 @@ absl::Status BlockDriver::OnUpward(UpwardMsg msg) {
                      ": ", msg.nonfinite.size(), " non-finite marks for ",
                      msg.grads.size(), " gradients from below"));
   }
+  const int unused = trainer_->UnusedDownstream();
   for (size_t i = 0; i < msg.grads.size(); ++i) {
     const int j = msg.first_entry + static_cast<int>(i);
-    if (j < 0 || j >= d || st.down[j].defined()) {
+    if (j < unused || j >= d || st.down[j].defined()) {
       return absl::InvalidArgumentError(
           absl::StrCat("block ", k, ": step ", msg.step, " micro-batch ",
                        msg.mb, ": gradient entry ", j, " from below is ",
                        (j < 0 || j >= d) ? absl::StrCat("outside [0, ", d, ")")
-                                         : std::string("repeated")));
+                       : j < unused ? std::string("one that trains no block")
+                                    : std::string("repeated")));
     }
   }
   if (msg.final && st.down_count + static_cast<int>(msg.grads.size()) < d) {
@@ -178,6 +180,8 @@ absl::Status BlockDriver::RunForward(ForwardMsg msg) {
   MbState& st = states_[{msg.step, msg.mb}];
   st.down.resize(trainer_->DownstreamListSize());
   st.down_nonfinite.assign(trainer_->DownstreamListSize(), false);
+  // Entries that train no block never come.
+  st.down_count = trainer_->UnusedDownstream();
   st.reports = std::move(r.reports);
   st.timings = std::move(r.timings);
   ++forwarded_;

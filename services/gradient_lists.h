@@ -12,6 +12,23 @@ struct GradientLists {
   bool e2e = false;
   int n = 1;
   bool sum_rule = false;
+  // training.compute_unused_gradients: compute and send the entries no block
+  // trains on too (only for comparisons; the parameters are the same).
+  bool compute_unused = false;
+
+  // Entry i of block k's list [own, downstream...] is the gradient of loss
+  // k + i. FURTHEST trains block b with loss min(b + n - 1, K - 1), so the
+  // losses below min(n - 1, K - 1) train no block (only their own heads, on
+  // detached outputs): their entries are neither computed nor sent.
+  int FirstUsedLoss() const {
+    if (e2e || sum_rule || compute_unused) return 0;
+    return std::min(n - 1, blocks - 1);
+  }
+  bool Used(int k, int i) const { return k + i >= FirstUsedLoss(); }
+  // Downstream entries block k never receives (unused; always the first).
+  int UnusedDown(int k) const {
+    return std::clamp(FirstUsedLoss() - (k + 1), 0, Down(k));
+  }
 
   // Entries block k gets from block k+1.
   int Down(int k) const {
@@ -37,9 +54,13 @@ struct GradientLists {
   }
   // Upstream entries computed by input-gradient-only passes.
   bool Early(int k, int i) const {
-    return i >= 0 && i < Up(k) && i != Shared(k);
+    return i >= 0 && i < Up(k) && i != Shared(k) && Used(k, i);
   }
-  int EarlyCount(int k) const { return Up(k) - (Shared(k) >= 0 ? 1 : 0); }
+  int EarlyCount(int k) const {
+    int count = 0;
+    for (int i = 0; i < Up(k); ++i) count += Early(k, i) ? 1 : 0;
+    return count;
+  }
 };
 
 }  // namespace interlock

@@ -87,6 +87,7 @@ TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
   o.test_loss_scale = FinalLossOf(config.model()).test_loss_scale;
   o.skip_nonfinite =
       t.nonfinite_policy() == interlock::v1::TrainingSpec::SKIP_STEP;
+  o.compute_unused = t.compute_unused_gradients();
   return o;
 }
 
@@ -162,7 +163,7 @@ absl::StatusOr<bool> BlockTrainer::CheckUpstream(int mb, int i, bool marked,
 
 GradientLists BlockTrainer::lists() const {
   return GradientLists{options_.num_blocks, options_.e2e, options_.n,
-                       options_.sum_rule};
+                       options_.sum_rule, options_.compute_unused};
 }
 
 int BlockTrainer::DownstreamListSize() const {
@@ -300,9 +301,18 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
         "block ", options_.block, ": ", downstream_nonfinite.size(),
         " non-finite marks for ", downstream.size(), " gradients"));
   }
+  const int unused = UnusedDownstream();
+  for (int i = 0; i < unused; ++i) {
+    if (downstream[i].defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", options_.block, ": downstream gradient ", i,
+                       " trains no block and must not be sent"));
+    }
+  }
   Pending p = std::move(it->second);
   pending_.erase(it);
-  for (const auto& g : downstream) {
+  for (size_t i = unused; i < downstream.size(); ++i) {
+    const torch::Tensor& g = downstream[i];
     if (!g.defined() || g.sizes() != p.output.sizes()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "block ", options_.block, ": gradient shape ",

@@ -32,6 +32,8 @@ struct TrainerOptions {
   float test_loss_scale = 0.0f;
   // training.nonfinite_policy SKIP_STEP (else STOP).
   bool skip_nonfinite = false;
+  // training.compute_unused_gradients (GradientLists::compute_unused).
+  bool compute_unused = false;
 };
 
 TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
@@ -117,6 +119,10 @@ class BlockTrainer {
   // i is known, so the wait chain is n blocks long, not K.
   int SharedEntry() const;
   bool IsEarlyEntry(int i) const { return lists().Early(options_.block, i); }
+  // Downstream entries that train no block (FURTHEST, the first ones when
+  // the block is near the top of the chain): the next block never computes
+  // or sends them, and Backward takes them undefined.
+  int UnusedDownstream() const { return lists().UnusedDown(options_.block); }
 
   // Forward of micro-batch `mb`: runs the block, keeps its graph, and runs
   // the auxiliary head (forward and backward, on the detached output) or, for
@@ -138,7 +144,8 @@ class BlockTrainer {
   absl::StatusOr<EntryResult> Entry(int mb, int i, const torch::Tensor& entry,
                                     bool entry_nonfinite = false);
   // Parameter backward of micro-batch `mb` given the next block's gradient
-  // list (`DownstreamListSize()` entries; empty when !NeedsDownstream()) and
+  // list (`DownstreamListSize()` entries, the first `UnusedDownstream()`
+  // undefined; empty when !NeedsDownstream()) and
   // which of its entries are marked non-finite (empty: none).
   // Accumulates parameter gradients and frees the micro-batch's graph.
   absl::StatusOr<BackwardResult> Backward(

@@ -243,6 +243,38 @@ TEST(Equivalence, SumRuleDiffersFromFurthestAndEqualsItAtN1) {
   EXPECT_NE(sum2, MustTrain(c, false).digest);
 }
 
+// FURTHEST skips the gradient entries that train no block (3-way: one per
+// micro-batch at K = 4, 4-way: three); the parameters are bitwise what
+// computing and sending them gives, in every mode and on both schedules.
+TEST(Equivalence, SkippingEntriesThatTrainNoBlockChangesNoParameter) {
+  RunConfig c = Load("configs/tests/tiny_resnet_k4.pbtxt");
+  c.mutable_training()->set_steps(12);
+  using interlock::v1::TrainingSpec;
+  struct Mode {
+    TrainingSpec::Mode mode;
+    int n;
+    TrainingSpec::Rule rule;
+  };
+  for (const Mode& m :
+       std::vector<Mode>{{TrainingSpec::E2E, 4, TrainingSpec::FURTHEST},
+                         {TrainingSpec::INTERLOCK, 1, TrainingSpec::FURTHEST},
+                         {TrainingSpec::INTERLOCK, 2, TrainingSpec::FURTHEST},
+                         {TrainingSpec::INTERLOCK, 3, TrainingSpec::FURTHEST},
+                         {TrainingSpec::INTERLOCK, 4, TrainingSpec::FURTHEST},
+                         {TrainingSpec::INTERLOCK, 3, TrainingSpec::SUM}}) {
+    c.mutable_training()->set_mode(m.mode);
+    c.mutable_training()->set_n(m.n);
+    c.mutable_training()->set_rule(m.rule);
+    c.mutable_training()->set_compute_unused_gradients(true);
+    const std::string all = MustTrain(c, false).digest;
+    c.mutable_training()->set_compute_unused_gradients(false);
+    const std::string used = MustTrain(c, false).digest;
+    EXPECT_EQ(used, all) << m.mode << " n " << m.n << " rule " << m.rule;
+    EXPECT_EQ(MustTrain(c, false, Schedule::kThreaded).digest, all)
+        << m.mode << " n " << m.n << " rule " << m.rule << " threaded";
+  }
+}
+
 // 2-way: block 1 sends its own entry up as soon as it has forwarded, before
 // anything comes from below, so block 0 waits for one block, not the chain.
 TEST(Driver, EntriesTravelAsSoonAsTheyExist) {

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "services/gradient_lists.h"
+
 namespace interlock {
 namespace {
 
@@ -174,8 +176,9 @@ TEST(VirtualClockTest, SimulatePredictsSteadyStepTime) {
 
 TEST(VirtualClockTest, InputOnlyPassesFollowTheTrainer) {
   // 4 blocks, 3-way FURTHEST: block 1 gets 2 entries from below, its list
-  // has 3, it sends 2 up, none of them the parameter entry: 2 passes.
-  EXPECT_EQ(InputOnlyPasses(false, 3, false, 4, 1), 2);
+  // has 3 (losses 1, 2, 3), it sends 2 up, none of them the parameter
+  // entry; loss 1 trains no block (block 0 trains on loss 2): 1 pass.
+  EXPECT_EQ(InputOnlyPasses(false, 3, false, 4, 1), 1);
   // Block 3 (last): list [own], sends 1 up, shared with the parameter pass.
   EXPECT_EQ(InputOnlyPasses(false, 3, false, 4, 3), 0);
   // Block 2: list [own, from 3], sends 2 up; entry 1 is shared.
@@ -184,6 +187,37 @@ TEST(VirtualClockTest, InputOnlyPassesFollowTheTrainer) {
   EXPECT_EQ(InputOnlyPasses(false, 3, true, 4, 2), 2);
   EXPECT_EQ(InputOnlyPasses(true, 4, false, 4, 2), 0);
   EXPECT_EQ(InputOnlyPasses(false, 2, false, 4, 0), 0);
+}
+
+// FURTHEST trains block b on loss min(b + n - 1, K - 1): the gradients of
+// the losses below min(n - 1, K - 1) reach no parameter and are skipped.
+TEST(VirtualClockTest, EntriesThatTrainNoBlockAreNotComputed) {
+  auto passes = [](int n, bool sum_rule, bool compute_unused) {
+    int total = 0;
+    for (int k = 0; k < 4; ++k) {
+      total +=
+          GradientLists{4, false, n, sum_rule, compute_unused}.EarlyCount(k);
+    }
+    return total;
+  };
+  // Computed before: 4-way 3 passes (block 1: losses 1 and 2; block 2:
+  // loss 2), 3-way 3 (block 1: losses 1 and 2; block 2: loss 2).
+  EXPECT_EQ(passes(4, false, true), 3);
+  EXPECT_EQ(passes(4, false, false), 0);
+  EXPECT_EQ(passes(3, false, true), 3);
+  EXPECT_EQ(passes(3, false, false), 2);  // loss 1 at block 1 skipped
+  EXPECT_EQ(passes(2, false, false), passes(2, false, true));
+  // SUM trains every block on every loss of its list: nothing to skip.
+  EXPECT_EQ(passes(3, true, false), passes(3, true, true));
+  GradientLists four{4, false, 4, false, false};
+  EXPECT_EQ(four.UnusedDown(0), 2);  // losses 1 and 2 never reach block 0
+  EXPECT_EQ(four.UnusedDown(1), 1);  // loss 2 never reaches block 1
+  EXPECT_EQ(four.UnusedDown(2), 0);
+  // The entry a parameter pass trains on is always used.
+  for (int n = 1; n <= 4; ++n) {
+    GradientLists l{4, false, n, false, false};
+    for (int k = 0; k < 4; ++k) EXPECT_TRUE(l.Used(k, l.Down(k))) << n << k;
+  }
 }
 
 }  // namespace
