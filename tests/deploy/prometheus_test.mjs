@@ -8,7 +8,9 @@
 // dashboard JSON and the rule files, never listed here.
 //
 // Also checks the workers' gRPC health as probes see it: NOT_SERVING (and
-// 'liveness' SERVING) before the run, SERVING once configured.
+// 'liveness' SERVING) before the run, SERVING once configured; and that the
+// metric tables of docs/ARCHITECTURE.md match what the processes export
+// (names, types, labels), from their own /metrics and from Prometheus.
 //
 //   node tests/deploy/prometheus_test.mjs REPO_ROOT INTERLOCK_CLI INTERLOCK_WORKER
 import { spawn, spawnSync } from "node:child_process";
@@ -145,6 +147,103 @@ function needs(expr, seen = new Set()) {
   return out;
 }
 
+// ---- the metric families docs/ARCHITECTURE.md lists ---------------------------
+
+// Documented families this test's setup cannot export, with the reason (none at
+// present: the extra worker started with --metrics_token_file exports
+// interlock_metrics_refused_scrapes_total).
+const NOT_EXPORTED = new Map([]);
+
+// The table rows (| `name` | type | labels | meaning |) of the "## Metrics"
+// section, each under "### Worker ..." or "### Coordinator ...".
+function documentedMetrics() {
+  const file = path.join(ROOT, "docs/ARCHITECTURE.md");
+  const section = fs.readFileSync(file, "utf8").split(/^## /m)
+    .find((s) => s.startsWith("Metrics\n"));
+  if (!section) throw new Error(`${file}: no "## Metrics" section`);
+  const documented = new Map();
+  let proc;
+  for (const line of section.split("\n")) {
+    const heading = line.match(/^### (\w+)/);
+    if (heading) proc = heading[1].toLowerCase();
+    const row = line.match(/^\|\s*`(interlock_\w+)`\s*\|\s*(\w+)\s*\|([^|]*)\|/);
+    if (!row) continue;
+    check(!documented.has(row[1]), `docs/ARCHITECTURE.md lists ${row[1]} once`);
+    documented.set(row[1], { proc, type: row[2],
+      labels: [...row[3].matchAll(/`(\w+)`/g)].map((m) => m[1]).sort().join(",") });
+  }
+  // A family named in the prose must have its row too.
+  for (const [, name] of section.matchAll(/`(interlock_\w+)`/g)) {
+    check(documented.has(name), `docs/ARCHITECTURE.md names ${name} outside the tables`);
+  }
+  return documented;
+}
+
+// Families of one /metrics text: name -> { type, samples, labels } (label
+// names of the samples, without the histogram's "le"), merged into `into`.
+function parseExposition(text, into) {
+  let family;
+  for (const line of text.split("\n")) {
+    const type = line.match(/^# TYPE (\S+) (\S+)$/);
+    if (type) {
+      family = type[1];
+      if (!into.has(family)) into.set(family, { type: type[2], samples: 0, labels: new Set() });
+      into.get(family).type = type[2];
+      continue;
+    }
+    if (line === "" || line.startsWith("#") || !family) continue;
+    into.get(family).samples += 1;
+    for (const [, label] of line.matchAll(/(\w+)="(?:[^"\\]|\\.)*"/g)) {
+      if (label !== "le") into.get(family).labels.add(label);
+    }
+  }
+}
+
+async function scrape(port, token) {
+  const res = await fetch(`http://127.0.0.1:${port}/metrics`,
+    token ? { headers: { Authorization: `Bearer ${token}` } } : {});
+  if (!res.ok) throw new Error(`scrape of :${port}: HTTP ${res.status}`);
+  return res.text();
+}
+
+// Every family a process exports is documented under that process with its
+// type and labels; every documented family is exported or in NOT_EXPORTED.
+function checkDocumented(documented, scraped, prometheusNames) {
+  for (const [proc, families] of Object.entries(scraped)) {
+    check(families.size > 0, `${proc} /metrics scraped`);
+    for (const [name, f] of families) {
+      const d = documented.get(name);
+      if (!check(d !== undefined,
+        `${proc} exports ${name}, not documented in docs/ARCHITECTURE.md`)) continue;
+      check(d.proc === proc, `docs/ARCHITECTURE.md lists ${name} under ${d.proc}, ` +
+        `exported by the ${proc}`);
+      check(d.type === f.type, `docs/ARCHITECTURE.md: ${name} is a ${f.type}, not ${d.type}`);
+      // Labels only when a series was there to show them.
+      const labels = [...f.labels].sort().join(",");
+      check(f.samples === 0 || d.labels === labels,
+        `docs/ARCHITECTURE.md: ${name} labels are '${labels}', not '${d.labels}'`);
+    }
+  }
+  for (const name of prometheusNames) {
+    check(documented.has(name), `Prometheus scraped ${name}, not documented in docs/ARCHITECTURE.md`);
+  }
+  for (const [name, d] of documented) {
+    if (scraped[d.proc]?.has(name)) continue;
+    if (NOT_EXPORTED.has(name)) {
+      console.log(`documented, not exported by this setup: ${name} (${NOT_EXPORTED.get(name)})`);
+      continue;
+    }
+    check(false, `docs/ARCHITECTURE.md lists ${name} (${d.proc}), which no ${d.proc} exported`);
+  }
+  const withSeries = Object.values(scraped).flatMap((f) => [...f.values()])
+    .filter((f) => f.samples > 0).length;
+  console.log(`${documented.size} documented families; scraped ` +
+    Object.entries(scraped).map(([p, f]) => `${f.size} ${p}`).join(", ") +
+    ` families, ${withSeries} with series (labels checked)`);
+  const stale = [...NOT_EXPORTED.keys()].filter((n) => Object.values(scraped).some((f) => f.has(n)));
+  check(stale.length === 0, `exported now, drop from NOT_EXPORTED: ${stale.join(", ")}`);
+}
+
 // ---- Prometheus HTTP API -------------------------------------------------------
 
 let promUrl;
@@ -177,6 +276,13 @@ async function main() {
     const [grpc, metrics] = text.trim().split(/\s+/).map(Number);
     ports.push({ grpc, metrics });
   }
+  // One more worker, outside the run, with a metrics token: the families only
+  // such a worker registers.
+  const metricsToken = "prometheus-test-secret";
+  fs.writeFileSync(path.join(tmp, "metrics-token"), `${metricsToken}\n`);
+  start(WORKER, ["--host=127.0.0.1", "--port=0", "--metrics_port=0",
+    `--port_file=${path.join(tmp, "wt.port")}`,
+    `--metrics_token_file=${path.join(tmp, "metrics-token")}`], "wt.log");
   const first = `127.0.0.1:${ports[0].grpc}`;
   check(health(first) === "NOT_SERVING rc=1", `fresh worker health: ${health(first)}`);
   check(health(first, "liveness") === "SERVING rc=0", "fresh worker 'liveness' is SERVING");
@@ -224,7 +330,16 @@ async function main() {
   // Poll every expression until each has returned data once.
   const seen = new Map();
   let exported = new Set();
+  const scraped = { worker: new Map(), coordinator: new Map() };
   while (Date.now() - started < DEADLINE_MS) {
+    // The coordinator serves /metrics only while the run lasts (and not
+    // before it has loaded its data): a failed scrape is retried, and the
+    // checks below fail if none succeeded.
+    if (coordinator.exitCode === null) {
+      try {
+        parseExposition(await scrape(coordinatorMetrics), scraped.coordinator);
+      } catch {}
+    }
     const names = await query('count by (__name__) ({__name__=~"interlock_.+"})');
     for (const s of names.result) {
       exported.add(s.metric.__name__.replace(/_(sum|count|bucket)$/, ""));
@@ -240,6 +355,14 @@ async function main() {
     if (coordinator.exitCode !== null) break;
     await sleep(1000);
   }
+  // The workers of the run (configured) and the one with a metrics token.
+  for (const p of ports) parseExposition(await scrape(p.metrics), scraped.worker);
+  const tokenPorts = (await waitFor("worker port file wt.port", () =>
+    fs.existsSync(path.join(tmp, "wt.port")) && fs.readFileSync(path.join(tmp, "wt.port"), "utf8")))
+    .trim().split(/\s+/);
+  parseExposition(await scrape(Number(tokenPorts[1]), metricsToken), scraped.worker);
+  checkDocumented(documentedMetrics(), scraped, exported);
+
   // A healthy run raises no alert, not even a pending one.
   const alerts = await query(`ALERTS{run="${RUN}"}`);
   check(alerts.result.length === 0, `alerts during a healthy run: ${
