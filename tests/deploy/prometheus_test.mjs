@@ -225,7 +225,8 @@ function checkDocumented(documented, scraped, prometheusNames) {
     }
   }
   for (const name of prometheusNames) {
-    check(documented.has(name), `Prometheus scraped ${name}, not documented in docs/ARCHITECTURE.md`);
+    check(documented.has(name),
+      `Prometheus scraped ${name}, not documented in docs/ARCHITECTURE.md`);
   }
   for (const [name, d] of documented) {
     if (scraped[d.proc]?.has(name)) continue;
@@ -240,7 +241,8 @@ function checkDocumented(documented, scraped, prometheusNames) {
   console.log(`${documented.size} documented families; scraped ` +
     Object.entries(scraped).map(([p, f]) => `${f.size} ${p}`).join(", ") +
     ` families, ${withSeries} with series (labels checked)`);
-  const stale = [...NOT_EXPORTED.keys()].filter((n) => Object.values(scraped).some((f) => f.has(n)));
+  const stale = [...NOT_EXPORTED.keys()]
+    .filter((n) => Object.values(scraped).some((f) => f.has(n)));
   check(stale.length === 0, `exported now, drop from NOT_EXPORTED: ${stale.join(", ")}`);
 }
 
