@@ -414,5 +414,25 @@ TEST_F(WorkerHardeningTest,
   EXPECT_EQ(saved[0].step(), 2);
 }
 
+// The coordinator's --window reaches the workers (ConfigureRequest.window):
+// with 32 micro-batches in flight, forwards come further ahead, and more of
+// them wait, than the default window of 2 x 3 blocks x 2 would allow; the
+// run is accepted whole and equals the in-process one.
+TEST(WorkerHardeningWindow, CoordinatorWindowReachesTheWorkers) {
+  const std::string config =
+      " --config " + kSrc + "/configs/tests/tiny_resnet.pbtxt --window 32";
+  auto digest = [](const std::string& out) {
+    const size_t at = out.find("digest ");
+    return at == std::string::npos ? std::string() : out.substr(at, 71);
+  };
+  auto cluster = RunCommand(kCli + " train --quiet --engine cluster" + config);
+  ASSERT_EQ(cluster.exit_code, 0) << cluster.output;
+  EXPECT_FALSE(Contains(cluster.output, "recover")) << cluster.output;
+  auto local = RunCommand(kCli + " train --quiet" + config);
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  EXPECT_FALSE(digest(cluster.output).empty());
+  EXPECT_EQ(digest(cluster.output), digest(local.output));
+}
+
 }  // namespace
 }  // namespace interlock::worker_test
