@@ -87,14 +87,10 @@ struct WorkerProcess {
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
 };
 
-// `extra` flags go to the worker after the standard ones.
-inline WorkerProcess StartWorker(const std::string& binary,
-                                 const std::string& dir, int index,
-                                 const std::vector<std::string>& extra = {}) {
-  WorkerProcess w;
-  const std::string port_file = dir + "/w" + std::to_string(index) + ".port";
-  const std::string log = dir + "/w" + std::to_string(index) + ".log";
-  std::filesystem::remove(port_file);
+// Forks `args[0] args[1...]` with stdout and stderr in `log`, one intra-op
+// thread, dying with the test; returns the child's pid.
+inline pid_t SpawnLogged(std::vector<std::string> args,
+                         const std::string& log) {
   const pid_t pid = fork();
   if (pid == 0) {
     // Die with the test, and keep the test's stdout free: ctest waits for
@@ -103,17 +99,28 @@ inline WorkerProcess StartWorker(const std::string& binary,
     freopen(log.c_str(), "w", stderr);
     dup2(fileno(stderr), fileno(stdout));
     setenv("OMP_NUM_THREADS", "1", 1);
-    std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=0",
-                                     "--metrics_port=0",
-                                     "--port_file=" + port_file};
-    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
+    execv(argv[0], argv.data());
     _exit(127);
   }
-  w.pid = pid;
+  return pid;
+}
+
+// `extra` flags go to the worker after the standard ones.
+inline WorkerProcess StartWorker(const std::string& binary,
+                                 const std::string& dir, int index,
+                                 const std::vector<std::string>& extra = {}) {
+  WorkerProcess w;
+  const std::string port_file = dir + "/w" + std::to_string(index) + ".port";
+  const std::string log = dir + "/w" + std::to_string(index) + ".log";
+  std::filesystem::remove(port_file);
+  std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=0",
+                                   "--metrics_port=0",
+                                   "--port_file=" + port_file};
+  args.insert(args.end(), extra.begin(), extra.end());
+  w.pid = SpawnLogged(std::move(args), log);
   for (int i = 0; i < 1500; ++i) {
     std::ifstream in(port_file);
     if (in >> w.port >> w.metrics_port) return w;

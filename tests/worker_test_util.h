@@ -282,20 +282,9 @@ struct ExitResult {
 inline ExitResult RunToExit(const std::string& binary,
                             const std::vector<std::string>& flags,
                             const std::string& log, double seconds = 30) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    freopen(log.c_str(), "w", stderr);
-    dup2(fileno(stderr), fileno(stdout));
-    setenv("OMP_NUM_THREADS", "1", 1);
-    std::vector<std::string> args = {binary};
-    args.insert(args.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
+  std::vector<std::string> args = {binary};
+  args.insert(args.end(), flags.begin(), flags.end());
+  const pid_t pid = interlock::testing::SpawnLogged(std::move(args), log);
   ExitResult r;
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(int(seconds * 1000));
