@@ -354,9 +354,10 @@ TEST(Simulate, InputGradientPassesPerMode) {
   };
   EXPECT_NEAR(input_grad(one, 1), 0.0, 1e-12);
   EXPECT_NEAR(input_grad(two, 1), 0.8, 1e-12);
-  // 3-way FURTHEST: block 1 trains on, and sends up, the entry of L[2]; only
-  // its own entry is an early pass. 3-way SUM sends both entries early.
-  EXPECT_NEAR(input_grad(three, 1), 0.8, 1e-12);
+  // 3-way FURTHEST: block 1 trains on, and sends up, the entry of L[2]; its
+  // own entry (L[1]) would be an early pass, but it trains no block (block 0
+  // trains on L[2]), so it is skipped. 3-way SUM sends both entries early.
+  EXPECT_NEAR(input_grad(three, 1), 0.0, 1e-12);
   EXPECT_NEAR(input_grad(three_sum, 1), 1.6, 1e-12);
   // Block 0 sends nothing up; the parameter pass is the measured one.
   EXPECT_NEAR(input_grad(three_sum, 0), 0.0, 1e-12);
