@@ -15,11 +15,13 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "coordinator/run_files.h"
 #include "google/protobuf/text_format.h"
 #include "services/digest.h"
 #include "services/status_macros.h"
@@ -39,32 +41,11 @@ constexpr int kMaxBlocks = 4096;
 
 std::string Errno() { return std::strerror(errno); }
 
-// A failed write: a full disk or quota is RESOURCE_EXHAUSTED, anything else
-// DATA_LOSS (the file is not what the run meant to write).
-absl::Status WriteError(int err, const std::string& what) {
-  const std::string message = absl::StrCat(what, ": ", std::strerror(err));
-  if (err == ENOSPC || err == EDQUOT) {
-    return absl::ResourceExhaustedError(message);
-  }
-  return absl::DataLossError(message);
-}
-
 // Writes `bytes` to `path` and fsyncs it.
 absl::Status WriteSynced(const std::string& path, absl::string_view bytes) {
   absl::Status s = WriteFileChecked(path, bytes, /*sync=*/true);
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat("checkpoint: ", s.message()));
-}
-
-std::string HexOf(const unsigned char* data, size_t size) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * size);
-  for (size_t i = 0; i < size; ++i) {
-    out.push_back(kHex[data[i] >> 4]);
-    out.push_back(kHex[data[i] & 15]);
-  }
-  return out;
 }
 
 // HMAC-SHA256 of `text` keyed by `key`, as lowercase hex.
@@ -74,7 +55,8 @@ std::string HmacSha256Hex(const std::string& key, absl::string_view text) {
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
        reinterpret_cast<const unsigned char*>(text.data()), text.size(), mac,
        &size);
-  return HexOf(mac, size);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(mac), size));
 }
 
 absl::Status SyncDir(const std::string& path) {
@@ -135,38 +117,6 @@ int64_t StepOfName(const std::string& name) {
 }
 
 }  // namespace
-
-absl::Status WriteFileChecked(const std::string& path, absl::string_view bytes,
-                              bool sync) {
-  const int fd =
-      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create ", path, ": ", std::strerror(err)));
-  }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      close(fd);
-      return WriteError(err, absl::StrCat("writing ", path));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (sync && fsync(fd) != 0) {
-    const int err = errno;
-    close(fd);
-    return WriteError(err, absl::StrCat("fsync of ", path));
-  }
-  // NFS and some file systems report a failed write only here.
-  if (close(fd) != 0) {
-    return WriteError(errno, absl::StrCat("closing ", path));
-  }
-  return absl::OkStatus();
-}
 
 std::string SerializeManifest(const v1::CheckpointManifest& m,
                               const std::string& seal_key) {

@@ -29,13 +29,6 @@ struct Checkpoint {
   std::vector<std::string> blocks;  // archive bytes, index = block
 };
 
-// Writes `bytes` to `path` (created or truncated), checking every write
-// and the close (and, with `sync`, an fsync): a full disk or a failing
-// device is an error naming the path and the reason (RESOURCE_EXHAUSTED for
-// a full disk or quota, else DATA_LOSS), never a silently short file.
-absl::Status WriteFileChecked(const std::string& path, absl::string_view bytes,
-                              bool sync = false);
-
 // The manifest as written to disk: text format plus "# sha256 <hex>\n" and,
 // with a `seal_key`, "# hmac-sha256 <hex>\n" (HMAC-SHA256 of the text).
 std::string SerializeManifest(const interlock::v1::CheckpointManifest& m,

@@ -18,7 +18,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "coordinator/checkpoint.h"
+#include "coordinator/run_files.h"
 #include "coordinator/simulate.h"
 #include "coordinator/timeline.h"
 #include "services/config.h"

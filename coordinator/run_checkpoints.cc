@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "coordinator/run_files.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "services/status_macros.h"
 

@@ -10,8 +10,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "coordinator/checkpoint.h"
 #include "coordinator/json.h"
+#include "coordinator/run_files.h"
 
 namespace interlock {
 namespace {
@@ -35,12 +35,6 @@ const char* Colour(SpanKind kind) {
 
 std::string Quote(const std::string& s) {
   return "'" + absl::StrReplaceAll(s, {{"'", "''"}}) + "'";
-}
-
-// Every write and the close are checked: a full disk fails the run, naming
-// the file and the reason.
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  return WriteFileChecked(path, text);
 }
 
 // Spans of each block in time order.
@@ -106,7 +100,7 @@ absl::Status WriteProfile(const PipelineSim& sim, const RunInfo& info,
       "\n  ],\n  \"step_seconds\": {\"wall\": ",
       JsonNumber(info.mean_step_wall),
       ", \"virtual\": ", JsonNumber(info.mean_step_virtual), "}\n}\n");
-  return WriteFile(path, text);
+  return WriteFileChecked(path, text);
 }
 
 absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
@@ -143,7 +137,7 @@ absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
       JsonString(info.name), ", \"mode\": ", JsonString(info.mode),
       "},\n \"traceEvents\": [\n  ", absl::StrJoin(ev, ",\n  "), "\n ]}\n");
   const std::string json_path = dir + "/timeline.json";
-  if (auto st = WriteFile(json_path, json); !st.ok()) return st;
+  if (auto st = WriteFileChecked(json_path, json); !st.ok()) return st;
 
   // The picture: a few steps after the first (which carries start-up).
   int64_t kept = 0;
@@ -188,7 +182,7 @@ absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
       "with boxxyerror lc rgb variable notitle",
       legend, "\n");
   const std::string script_path = dir + "/timeline.gp";
-  if (auto st = WriteFile(script_path, script); !st.ok()) return st;
+  if (auto st = WriteFileChecked(script_path, script); !st.ok()) return st;
   return RunGnuplot(script_path);
 }
 

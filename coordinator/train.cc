@@ -29,6 +29,7 @@
 #include "coordinator/metrics.h"
 #include "coordinator/progress.h"
 #include "coordinator/run_checkpoints.h"
+#include "coordinator/run_files.h"
 #include "coordinator/timeline.h"
 #include "services/config.h"
 #include "services/data.h"
@@ -68,66 +69,6 @@ struct StepAgg {
 constexpr int64_t kTimelineSteps = 64;
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
-
-// A failed write of a run file: the path and the reason; a full disk or
-// quota is RESOURCE_EXHAUSTED.
-absl::Status WriteFailed(const std::string& path, int err) {
-  const std::string message =
-      absl::StrCat("writing ", path, ": ", std::strerror(err));
-  if (err == ENOSPC || err == EDQUOT) {
-    return absl::ResourceExhaustedError(message);
-  }
-  return absl::DataLossError(message);
-}
-
-// metrics.jsonl, written a line at a time as steps finish. Every write is
-// checked (a stream would drop lines on a full disk and say nothing).
-class LineFile {
- public:
-  LineFile() = default;
-  LineFile(const LineFile&) = delete;
-  LineFile& operator=(const LineFile&) = delete;
-  ~LineFile() {
-    if (fd_ >= 0) close(fd_);
-  }
-  absl::Status Open(const std::string& path, bool append) {
-    path_ = path;
-    fd_ = open(path.c_str(),
-               O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC),
-               0644);
-    if (fd_ < 0) {
-      const int err = errno;
-      return absl::PermissionDeniedError(
-          absl::StrCat("--out: cannot write ", path, ": ", std::strerror(err)));
-    }
-    return absl::OkStatus();
-  }
-  bool is_open() const { return fd_ >= 0; }
-  absl::Status Append(absl::string_view line) {
-    const std::string text = absl::StrCat(line, "\n");
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = write(fd_, text.data() + done, text.size() - done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return WriteFailed(path_, errno);
-      }
-      done += static_cast<size_t>(n);
-    }
-    return absl::OkStatus();
-  }
-  absl::Status Close() {
-    if (fd_ < 0) return absl::OkStatus();
-    const int rc = close(fd_);
-    fd_ = -1;
-    if (rc != 0) return WriteFailed(path_, errno);
-    return absl::OkStatus();
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
 
 // Whether two folder names are the same folder (so it is locked once).
 bool SameFolder(const std::string& a, const std::string& b) {
@@ -1030,7 +971,7 @@ class Runner {
   const int k_;
   Progress* progress_ = nullptr;
   Clock::time_point start_;
-  LineFile metrics_;
+  AppendFile metrics_;
   int64_t per_epoch_ = 0;
   int64_t asked_ = 0;  // steps the config asks for
   int64_t total_ = 0;  // steps run (fewer when a budget stops the run)

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/models.h"
+#include "services/optim.h"
 #include "services/status_macros.h"
 
 namespace interlock {
@@ -96,12 +97,10 @@ absl::Status CheckLearningRate(double lr, const std::string& what) {
 namespace {
 
 // Every rate the schedule can produce must be one a block accepts: checked
-// here, before any step, rather than failing in LibTorch mid-run. Mirrors
-// LearningRateAt (services/optim.cc): lr 0 and gamma 0 mean "unset".
+// here, before any step, rather than failing in LibTorch mid-run.
 absl::Status ValidateSchedule(const interlock::v1::ScheduleSpec& s) {
   using interlock::v1::ScheduleSpec;
   RETURN_IF_ERROR(CheckLearningRate(s.lr(), "schedule.lr"));
-  const double base = s.lr() > 0 ? s.lr() : 0.1;
   if (!std::isfinite(s.gamma()) || s.gamma() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("schedule.gamma: ", s.gamma(),
@@ -117,18 +116,16 @@ absl::Status ValidateSchedule(const interlock::v1::ScheduleSpec& s) {
   }
   switch (s.kind()) {
     case ScheduleSpec::MULTISTEP: {
-      // After the j-th milestone (in step order) the rate is base * gamma^j.
-      const double gamma = s.gamma() > 0 ? s.gamma() : 0.1;
+      // The rate changes only at milestones: the rate from each one on.
       std::vector<int64_t> milestones(s.milestones().begin(),
                                       s.milestones().end());
       std::sort(milestones.begin(), milestones.end());
-      double lr = base;
       for (size_t j = 0; j < milestones.size(); ++j) {
-        lr *= gamma;
         RETURN_IF_ERROR(CheckLearningRate(
-            lr, absl::StrCat("schedule.gamma: ", s.gamma(), " makes the rate ",
-                             "from step ", milestones[j], " (milestone ", j + 1,
-                             ", schedule.lr ", base, ")")));
+            LearningRateAt(s, milestones[j], /*total_steps=*/0),
+            absl::StrCat("schedule.gamma: ", s.gamma(),
+                         " makes the rate from step ", milestones[j],
+                         " (milestone ", j + 1, ")")));
       }
       break;
     }

@@ -25,6 +25,7 @@ using interlock::testing::RunCommand;
 using interlock::testing::StartChild;
 using interlock::testing::SummaryField;
 using interlock::testing::WaitExit;
+using interlock::testing::WaitFor;
 
 const std::string kCli = INTERLOCK_CLI;
 const std::string kSrc = INTERLOCK_SOURCE_DIR;
@@ -33,18 +34,6 @@ bool HasCheckpoint(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     if (e.path().filename().string().rfind("step-", 0) == 0) return true;
-  }
-  return false;
-}
-
-// Waits (up to `seconds`) until `done` holds.
-template <typename F>
-bool WaitFor(F done, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(int(seconds * 1000));
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
 }

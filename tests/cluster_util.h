@@ -191,22 +191,9 @@ struct Child {
 inline Child StartChild(const std::string& binary,
                         const std::vector<std::string>& args,
                         const std::string& log) {
-  Child c;
-  c.log = log;
-  c.pid = fork();
-  if (c.pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    freopen(log.c_str(), "w", stdout);
-    dup2(fileno(stdout), fileno(stderr));
-    std::vector<char*> argv;
-    std::vector<std::string> all = {binary};
-    all.insert(all.end(), args.begin(), args.end());
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
-  return c;
+  std::vector<std::string> all = {binary};
+  all.insert(all.end(), args.begin(), args.end());
+  return Child{SpawnLogged(std::move(all), log), log};
 }
 
 inline int LinesIn(const std::string& path) {
@@ -215,6 +202,18 @@ inline int LinesIn(const std::string& path) {
   std::string line;
   while (std::getline(in, line)) ++n;
   return n;
+}
+
+// Waits (up to `seconds`) until `done` holds.
+template <typename F>
+bool WaitFor(F done, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(int(seconds * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
 }
 
 // Waits up to `seconds` for the child; returns its exit code or -1.

@@ -29,20 +29,18 @@ namespace fs = std::filesystem;
 namespace v1 = interlock::v1;
 
 using interlock::testing::Child;
+using interlock::testing::Contains;
 using interlock::testing::LinesIn;
 using interlock::testing::MakeTempDir;
 using interlock::testing::ReadFile;
 using interlock::testing::RunCommand;
 using interlock::testing::StartChild;
 using interlock::testing::WaitExit;
+using interlock::testing::WaitFor;
 
 const std::string kCli = INTERLOCK_CLI;
 const std::string kSrc = INTERLOCK_SOURCE_DIR;
 const std::string kTiny = kSrc + "/configs/tests/tiny_resnet.pbtxt";
-
-bool Contains(const std::string& text, const std::string& what) {
-  return text.find(what) != std::string::npos;
-}
 
 void WriteText(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::trunc) << text;
@@ -59,17 +57,6 @@ std::string ConfigWithSchedule(const std::string& dir,
   const std::string path = dir + "/config.pbtxt";
   WriteText(path, text);
   return path;
-}
-
-// Waits up to `seconds` until `path` has at least one line.
-bool WaitForLine(const std::string& path, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(int(seconds * 1000));
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (LinesIn(path) > 0) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
 }
 
 // ---- 1. Every run file is checked: a full disk fails the run.
@@ -241,7 +228,8 @@ TEST(HardeningRun, SecondRunOnALockedOutIsRefusedAndTheFirstCompletes) {
       {"train", "--quiet", "--config=" + kTiny, "--steps=1500", "--out=" + out},
       log);
   ASSERT_GT(first.pid, 0);
-  ASSERT_TRUE(WaitForLine(out + "/metrics.jsonl", 60)) << ReadFile(log);
+  ASSERT_TRUE(WaitFor([&] { return LinesIn(out + "/metrics.jsonl") > 0; }, 60))
+      << ReadFile(log);
   const auto t0 = std::chrono::steady_clock::now();
   auto second = RunCommand(kCli + " train --quiet --config " + kTiny +
                            " --steps 3 --out " + out);
@@ -299,7 +287,8 @@ TEST(HardeningRun, SigkilledRunsOutCanBeReusedAtOnce) {
       {"train", "--quiet", "--config=" + kTiny, "--steps=5000", "--out=" + out},
       log);
   ASSERT_GT(first.pid, 0);
-  ASSERT_TRUE(WaitForLine(out + "/metrics.jsonl", 60)) << ReadFile(log);
+  ASSERT_TRUE(WaitFor([&] { return LinesIn(out + "/metrics.jsonl") > 0; }, 60))
+      << ReadFile(log);
   ASSERT_EQ(kill(first.pid, SIGKILL), 0);
   EXPECT_EQ(WaitExit(first.pid, 30), 128 + SIGKILL);
   // The lock file is still there, naming the dead holder; it does not block.

@@ -17,6 +17,7 @@
 namespace interlock::worker_test {
 namespace {
 
+using interlock::testing::Contains;
 using interlock::testing::HealthStatus;
 using interlock::testing::WaitExit;
 using Clock = std::chrono::steady_clock;
@@ -25,10 +26,6 @@ using WorkerHardeningTest = WorkerFixture;
 
 double RssMiB(const WorkerProcess& w) {
   return ProcStatusKiB(w.pid, "VmRSS") / 1024.0;
-}
-
-bool Contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 // The one-block run of OneBlockRequest with side x side images (larger

@@ -79,6 +79,10 @@ inline std::string SummaryField(const std::string& json,
   return m[1];
 }
 
+inline bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 // Occurrences of `what` in `text`.
 inline int Count(const std::string& text, const std::string& what) {
   int n = 0;
