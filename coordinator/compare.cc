@@ -85,8 +85,8 @@ absl::StatusOr<int64_t> TotalSteps(const RunConfig& c) {
 }
 
 bool HasBudget(const TrainOptions& t) {
-  return t.budget_wall > absl::ZeroDuration() ||
-         t.budget_virtual > absl::ZeroDuration();
+  return t.budget.wall > absl::ZeroDuration() ||
+         t.budget.virtual_time > absl::ZeroDuration();
 }
 
 // Predicts how many steps each mode does within the budgets, from a short
@@ -97,19 +97,20 @@ std::vector<int64_t> PredictSteps(const RunConfig& config,
                                   const CompareOptions& o, int64_t total,
                                   std::string* note) {
   TrainOptions t = o.train;
-  t.out_dir = o.out_dir + "/calibration";
-  t.quiet = true;
-  t.budget_wall = t.budget_virtual = absl::ZeroDuration();
-  t.metrics_port = -1;
+  t.output.out_dir = o.out_dir + "/calibration";
+  t.output.quiet = true;
+  t.budget.wall = t.budget.virtual_time = absl::ZeroDuration();
+  t.output.metrics_port = -1;
   RunConfig c = ConfigFor(config, modes[0], o, 0);
   c.mutable_training()->set_steps(std::min(kCalibrationSteps, total));
-  *o.train.log << "calibrating: " << c.training().steps() << " steps of "
-               << modes[0].Label()
-               << " to predict every mode's steps for the evaluation cadence\n";
+  *o.train.output.log
+      << "calibrating: " << c.training().steps() << " steps of "
+      << modes[0].Label()
+      << " to predict every mode's steps for the evaluation cadence\n";
   auto run = Train(c, t);
-  auto profile = run.ok() ? LoadProfile(t.out_dir) : run.status();
+  auto profile = run.ok() ? LoadProfile(t.output.out_dir) : run.status();
   std::error_code ec;
-  std::filesystem::remove_all(t.out_dir, ec);
+  std::filesystem::remove_all(t.output.out_dir, ec);
   if (!profile.ok()) {
     *note =
         absl::StrCat("the calibration run failed (", profile.status().message(),
@@ -117,8 +118,8 @@ std::vector<int64_t> PredictSteps(const RunConfig& config,
                      std::max<int64_t>(1, total / kEvalPoints), " steps");
     return {};
   }
-  const bool serial = o.train.engine == EngineKind::kInProcess &&
-                      o.train.schedule == Schedule::kSequential;
+  const bool serial = o.train.engine.kind == EngineKind::kInProcess &&
+                      o.train.engine.schedule == Schedule::kSequential;
   const double cores = std::max(1u, std::thread::hardware_concurrency());
   // Predicted virtual and wall step time of a mode.
   auto predict = [&](const ModeSpec& m) {
@@ -137,8 +138,8 @@ std::vector<int64_t> PredictSteps(const RunConfig& config,
   const double scale_wall = first_wall > 0 && run->mean_step_wall > 0
                                 ? run->mean_step_wall / first_wall
                                 : 1.0;
-  const double bv = absl::ToDoubleSeconds(o.train.budget_virtual);
-  const double bw = absl::ToDoubleSeconds(o.train.budget_wall);
+  const double bv = absl::ToDoubleSeconds(o.train.budget.virtual_time);
+  const double bw = absl::ToDoubleSeconds(o.train.budget.wall);
   std::vector<int64_t> out;
   for (const ModeSpec& m : modes) {
     const auto [step_virtual, step_wall] = predict(m);
@@ -379,13 +380,14 @@ std::string Seconds(double s) { return absl::StrFormat("%.2f", s); }
 
 std::string LimitText(const CompareOptions& o, const RunConfig& config) {
   std::vector<std::string> parts;
-  if (o.train.budget_virtual > absl::ZeroDuration()) {
-    parts.push_back(absl::StrCat("virtual-time budget ",
-                                 absl::FormatDuration(o.train.budget_virtual)));
+  if (o.train.budget.virtual_time > absl::ZeroDuration()) {
+    parts.push_back(
+        absl::StrCat("virtual-time budget ",
+                     absl::FormatDuration(o.train.budget.virtual_time)));
   }
-  if (o.train.budget_wall > absl::ZeroDuration()) {
+  if (o.train.budget.wall > absl::ZeroDuration()) {
     parts.push_back(absl::StrCat("wall-time budget ",
-                                 absl::FormatDuration(o.train.budget_wall)));
+                                 absl::FormatDuration(o.train.budget.wall)));
   }
   const auto& t = config.training();
   const std::string steps =
@@ -415,10 +417,10 @@ absl::Status WriteReport(const CompareOptions& o, const RunConfig& config,
                   ", micro-batches per step M = ", t.microbatches(), ", seed ",
                   o.seed >= 0 ? static_cast<uint64_t>(o.seed) : t.seed(),
                   "; every mode sees the same data order)\n");
-  const bool inprocess = o.train.engine == EngineKind::kInProcess;
+  const bool inprocess = o.train.engine.kind == EngineKind::kInProcess;
   absl::StrAppend(
       &md, "* Engine: ",
-      inprocess ? (o.train.schedule == Schedule::kSequential
+      inprocess ? (o.train.engine.schedule == Schedule::kSequential
                        ? "in-process, sequential schedule (one thread runs "
                          "every block in turn, so each operation is timed "
                          "without competition for the cores)"
@@ -518,7 +520,7 @@ absl::Status WriteReport(const CompareOptions& o, const RunConfig& config,
 }  // namespace
 
 int CompareMain(const CompareOptions& o) {
-  std::ostream& log = *o.train.log;
+  std::ostream& log = *o.train.output.log;
   auto fail = [&log](absl::string_view message, int code) {
     log << "interlock: error: " << message << "\n";
     return code;
@@ -577,8 +579,8 @@ int CompareMain(const CompareOptions& o) {
     ModeRun& r = runs[i];
     const std::string label = absl::StrFormat("[%d/%d]", i + 1, runs.size());
     TrainOptions t = o.train;
-    t.out_dir = r.dir;
-    t.progress_label = label;
+    t.output.out_dir = r.dir;
+    t.output.progress_label = label;
     log << label << " " << r.mode.Label() << " -> " << r.dir
         << " (evaluating every " << r.eval_every << " steps)\n";
     r.tried = true;

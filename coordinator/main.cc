@@ -237,21 +237,21 @@ void WatchSignals(sigset_t signals) {
 int TrainOptionsFromFlags(interlock::TrainOptions& options) {
   const std::string schedule = absl::GetFlag(FLAGS_schedule);
   if (schedule == "sequential") {
-    options.schedule = interlock::Schedule::kSequential;
+    options.engine.schedule = interlock::Schedule::kSequential;
   } else if (schedule == "threaded") {
-    options.schedule = interlock::Schedule::kThreaded;
+    options.engine.schedule = interlock::Schedule::kThreaded;
   } else {
     return Fail(absl::StrCat("--schedule: '", schedule,
                              "', expected sequential or threaded"),
                 2);
   }
-  options.out_dir = absl::GetFlag(FLAGS_out);
-  options.dump_params = absl::GetFlag(FLAGS_dump_params);
-  options.quiet = absl::GetFlag(FLAGS_quiet);
-  options.progress_bar = isatty(STDERR_FILENO) != 0;
+  options.output.out_dir = absl::GetFlag(FLAGS_out);
+  options.output.dump_params = absl::GetFlag(FLAGS_dump_params);
+  options.output.quiet = absl::GetFlag(FLAGS_quiet);
+  options.output.progress_bar = isatty(STDERR_FILENO) != 0;
   const std::string engine = absl::GetFlag(FLAGS_engine);
   if (engine == "cluster") {
-    options.engine = interlock::EngineKind::kCluster;
+    options.engine.kind = interlock::EngineKind::kCluster;
   } else if (engine != "inprocess") {
     return Fail(
         absl::StrCat("--engine: '", engine, "', expected inprocess or cluster"),
@@ -259,32 +259,32 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
   }
   const std::string workers = absl::GetFlag(FLAGS_workers);
   if (!workers.empty()) {
-    if (options.engine != interlock::EngineKind::kCluster) {
+    if (options.engine.kind != interlock::EngineKind::kCluster) {
       return Fail("--workers needs --engine cluster", 2);
     }
-    options.workers = absl::StrSplit(workers, ',', absl::SkipEmpty());
+    options.engine.workers = absl::StrSplit(workers, ',', absl::SkipEmpty());
   }
-  options.security.token_file = absl::GetFlag(FLAGS_token_file);
-  options.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  options.security.tls_key = absl::GetFlag(FLAGS_tls_key);
-  options.security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
-  if (!options.security.empty() &&
-      options.engine != interlock::EngineKind::kCluster) {
+  options.engine.security.token_file = absl::GetFlag(FLAGS_token_file);
+  options.engine.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.engine.security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.engine.security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  if (!options.engine.security.empty() &&
+      options.engine.kind != interlock::EngineKind::kCluster) {
     return Fail("--token-file and --tls-* need --engine cluster", 2);
   }
-  options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
-  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
-  options.budget_wall = absl::GetFlag(FLAGS_budget);
+  options.engine.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  options.output.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.engine.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  options.budget.wall = absl::GetFlag(FLAGS_budget);
   if (absl::GetFlag(FLAGS_window) < 0) {
     return Fail(absl::StrCat("--window: ", absl::GetFlag(FLAGS_window),
                              ", must be >= 0 (0: 2 x blocks x micro-batches)"),
                 2);
   }
   options.window = absl::GetFlag(FLAGS_window);
-  options.budget_virtual = absl::GetFlag(FLAGS_budget_virtual);
-  if (options.budget_wall < absl::ZeroDuration() ||
-      options.budget_virtual < absl::ZeroDuration()) {
+  options.budget.virtual_time = absl::GetFlag(FLAGS_budget_virtual);
+  if (options.budget.wall < absl::ZeroDuration() ||
+      options.budget.virtual_time < absl::ZeroDuration()) {
     return Fail("--budget and --budget-virtual must not be negative", 2);
   }
   options.link.latency_seconds =
@@ -307,7 +307,7 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
                      "second > 0"),
         2);
   }
-  options.on_cluster = [](interlock::LocalCluster* c) {
+  options.engine.on_cluster = [](interlock::LocalCluster* c) {
     std::lock_guard<std::mutex> l(g_cluster_mu);
     g_cluster = c;
   };
@@ -355,27 +355,27 @@ int RunTrain() {
   }
   interlock::TrainOptions options;
   if (int code = TrainOptionsFromFlags(options); code != 0) return code;
-  options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  if (options.checkpoint_every < 0) {
-    return Fail(absl::StrCat("--checkpoint-every: ", options.checkpoint_every,
+  options.checkpoints.every = absl::GetFlag(FLAGS_checkpoint_every);
+  if (options.checkpoints.every < 0) {
+    return Fail(absl::StrCat("--checkpoint-every: ", options.checkpoints.every,
                              ", must be >= 0 (0: only on SIGTERM/SIGINT)"),
                 2);
   }
-  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-  if (options.keep_checkpoints < 1) {
-    return Fail(absl::StrCat("--keep-checkpoints: ", options.keep_checkpoints,
+  options.checkpoints.dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.checkpoints.keep = absl::GetFlag(FLAGS_keep_checkpoints);
+  if (options.checkpoints.keep < 1) {
+    return Fail(absl::StrCat("--keep-checkpoints: ", options.checkpoints.keep,
                              ", must be >= 1"),
                 2);
   }
-  options.resume = absl::GetFlag(FLAGS_resume);
-  options.recover_timeout = absl::GetFlag(FLAGS_recover_timeout);
-  if (options.recover_timeout < absl::ZeroDuration()) {
+  options.checkpoints.resume = absl::GetFlag(FLAGS_resume);
+  options.checkpoints.recover_timeout = absl::GetFlag(FLAGS_recover_timeout);
+  if (options.checkpoints.recover_timeout < absl::ZeroDuration()) {
     return Fail("--recover-timeout: must not be negative", 2);
   }
-  options.stop_requested = &g_stop_requested;
+  options.checkpoints.stop_requested = &g_stop_requested;
   g_can_checkpoint =
-      !options.out_dir.empty() || !options.checkpoint_dir.empty();
+      !options.output.out_dir.empty() || !options.checkpoints.dir.empty();
 
   auto result = interlock::Train(config, options);
   if (g_interrupted) return Fail("interrupted", 130);
@@ -398,7 +398,7 @@ int RunTrain() {
     std::cout << line << "\n";
   }
   std::cout << "digest " << result->digest << "\n";
-  if (options.dump_params) std::cout << result->params_json;
+  if (options.output.dump_params) std::cout << result->params_json;
   return 0;
 }
 

@@ -481,11 +481,11 @@ absl::StatusOr<TrainResult> TrainInto(const v1::RunConfig& c,
                                       const std::string& out,
                                       std::ostream* log = nullptr) {
   TrainOptions o;
-  o.quiet = true;
-  o.out_dir = out;
-  o.checkpoint_every = out.empty() ? 0 : 5;
+  o.output.quiet = true;
+  o.output.out_dir = out;
+  o.checkpoints.every = out.empty() ? 0 : 5;
   static std::ostringstream sink;
-  o.log = log ? log : &sink;
+  o.output.log = log ? log : &sink;
   return Train(c, o);
 }
 

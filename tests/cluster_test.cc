@@ -134,12 +134,12 @@ void CompareEngines(const char* text, int k, const std::string& partition,
                    << c.name() << " K=" << k << " M=" << m << " mode="
                    << mode.mode << " n=" << mode.n << " rule=" << mode.rule);
       TrainOptions local;
-      local.quiet = true;
+      local.output.quiet = true;
       auto a = Train(c, local);
       ASSERT_TRUE(a.ok()) << a.status();
       TrainOptions cluster = local;
-      cluster.engine = EngineKind::kCluster;
-      cluster.workers = workers;
+      cluster.engine.kind = EngineKind::kCluster;
+      cluster.engine.workers = workers;
       auto b = Train(c, cluster);
       ASSERT_TRUE(b.ok()) << b.status();
       ASSERT_EQ(a->block_digests.size(), static_cast<size_t>(k));
@@ -171,9 +171,9 @@ TEST_F(ClusterTest, WrongWorkerCountIsRefused) {
   v1::RunConfig c = Parse(kResNet);
   c.mutable_model()->set_partition("2,1,rest");
   TrainOptions o;
-  o.quiet = true;
-  o.engine = EngineKind::kCluster;
-  o.workers = Addresses(2);
+  o.output.quiet = true;
+  o.engine.kind = EngineKind::kCluster;
+  o.engine.workers = Addresses(2);
   auto r = Train(c, o);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("--workers"), std::string::npos);

@@ -97,7 +97,7 @@ TEST(Config, MissingDataFileIsReported) {
       "t");
   ASSERT_TRUE(c.ok());
   TrainOptions o;
-  o.quiet = true;
+  o.output.quiet = true;
   auto r = Train(*c, o);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
   EXPECT_NE(r.status().message().find("/nonexistent/fmnist"), std::string::npos)

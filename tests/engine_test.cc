@@ -34,9 +34,9 @@ RunConfig Parse(const std::string& text) {
 TrainResult MustTrain(const RunConfig& c, bool dump = true,
                       Schedule schedule = Schedule::kSequential) {
   TrainOptions o;
-  o.quiet = true;
-  o.dump_params = dump;
-  o.schedule = schedule;
+  o.output.quiet = true;
+  o.output.dump_params = dump;
+  o.engine.schedule = schedule;
   auto r = Train(c, o);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : TrainResult{};
@@ -349,9 +349,9 @@ TEST(Budgets, VirtualAndWallBudgetsStopTheRun) {
 
   c.mutable_training()->set_steps(100000);
   TrainOptions o;
-  o.quiet = true;
+  o.output.quiet = true;
   const double budget = 20 * probe.mean_step_virtual;
-  o.budget_virtual = absl::Seconds(budget);
+  o.budget.virtual_time = absl::Seconds(budget);
   auto r = Train(c, o);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->steps, 0);
@@ -362,8 +362,8 @@ TEST(Budgets, VirtualAndWallBudgetsStopTheRun) {
   EXPECT_FALSE(r->eval.empty());
 
   TrainOptions w;
-  w.quiet = true;
-  w.budget_wall = absl::Milliseconds(500);
+  w.output.quiet = true;
+  w.budget.wall = absl::Milliseconds(500);
   auto rw = Train(c, w);
   ASSERT_TRUE(rw.ok()) << rw.status();
   EXPECT_LT(rw->steps, 100000);

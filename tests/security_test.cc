@@ -411,9 +411,9 @@ class NonFiniteTest : public ::testing::Test {
   }
   static TrainOptions Cluster() {
     TrainOptions o;
-    o.quiet = true;
-    o.engine = EngineKind::kCluster;
-    for (const auto& w : *workers_) o.workers.push_back(w.address());
+    o.output.quiet = true;
+    o.engine.kind = EngineKind::kCluster;
+    for (const auto& w : *workers_) o.engine.workers.push_back(w.address());
     return o;
   }
   static std::string* dir_;
@@ -430,7 +430,7 @@ TEST_F(NonFiniteTest, SkipStepIsIdenticalInProcessAndOnTheCluster) {
     SCOPED_TRACE("n=" + std::to_string(n));
     config->mutable_training()->set_n(n);
     TrainOptions local;
-    local.quiet = true;
+    local.output.quiet = true;
     auto a = Train(*config, local);
     ASSERT_TRUE(a.ok()) << a.status();
     auto b = Train(*config, Cluster());
@@ -454,7 +454,7 @@ TEST_F(NonFiniteTest, StopEndsTheRunNamingTheBlockOnBothEngines) {
   auto config = ParseRunConfig(kDiverging, "test");
   ASSERT_TRUE(config.ok()) << config.status();
   TrainOptions local;
-  local.quiet = true;
+  local.output.quiet = true;
   auto a = Train(*config, local);
   ASSERT_FALSE(a.ok());
   EXPECT_NE(a.status().message().find("training.nonfinite_policy is STOP"),

@@ -1,0 +1,65 @@
+#include "coordinator/engine_factory.h"
+
+#include "coordinator/cluster_engine.h"
+#include "coordinator/inprocess_engine.h"
+#include "services/models.h"
+#include "services/status_macros.h"
+
+namespace interlock {
+
+RunEngine::~RunEngine() {
+  if (engine_) engine_->Shutdown();
+  if (local_) {
+    if (on_cluster_) on_cluster_(nullptr);
+    local_->Stop();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
+    const interlock::v1::RunConfig& config, const DataShape& shape,
+    const EngineOptions& options, int window, CoordinatorMetrics* metrics,
+    std::ostream* log) {
+  std::unique_ptr<RunEngine> run(new RunEngine());
+  if (options.kind == EngineKind::kInProcess) {
+    ASSIGN_OR_RETURN(run->engine_,
+                     MakeInProcessEngine(config, shape, options.schedule));
+    return run;
+  }
+  ClusterOptions co;
+  co.workers = options.workers;
+  co.connect_timeout = options.connect_timeout;
+  co.window = window;
+  ASSIGN_OR_RETURN(co.security, LoadTransportSecurity(options.security,
+                                                      /*server=*/false));
+  run->seal_key_ = co.security.token;
+  if (metrics) {
+    co.on_worker_state = [metrics](int block, bool up) {
+      metrics->SetWorkerUp(block, up);
+    };
+  }
+  if (co.workers.empty()) {
+    ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
+    ASSIGN_OR_RETURN(run->local_,
+                     LocalCluster::Launch(
+                         k,
+                         options.worker_binary.empty() ? DefaultWorkerBinary()
+                                                       : options.worker_binary,
+                         absl::Seconds(120), SecurityFlags(options.security)));
+    run->on_cluster_ = options.on_cluster;
+    if (run->on_cluster_) run->on_cluster_(run->local_.get());
+    co.workers = run->local_->addresses();
+    // Like a restartPolicy: a dead worker is started again on its port.
+    co.revive = [l = run->local_.get(), log] {
+      auto n = l->ReviveDead();
+      if (!n.ok()) {
+        *log << "interlock: restarting workers: " << n.status() << "\n";
+      } else if (*n > 0) {
+        *log << "interlock: restarted " << *n << " worker(s)\n";
+      }
+    };
+  }
+  ASSIGN_OR_RETURN(run->engine_, MakeClusterEngine(config, shape, co));
+  return run;
+}
+
+}  // namespace interlock

@@ -1,0 +1,130 @@
+#include "coordinator/run_clock.h"
+
+#include <limits>
+
+#include "services/models.h"
+#include "services/status_macros.h"
+#include "services/trainer.h"
+
+namespace interlock {
+
+using interlock::v1::TrainingSpec;
+
+absl::Status RunClock::Start(const interlock::v1::RunConfig& config,
+                             const DataShape& shape, int blocks, int window,
+                             int64_t rows, int64_t input_bytes,
+                             int64_t target_bytes) {
+  const auto& t = config.training();
+  PipelineShape sh;
+  sh.blocks = blocks;
+  sh.microbatches = t.microbatches();
+  sh.window = window;
+  sh.e2e = t.mode() == TrainingSpec::E2E;
+  sh.n = t.n();
+  sh.sum_rule = t.rule() == TrainingSpec::SUM;
+  sh.compute_unused = t.compute_unused_gradients();
+  sh.link = link_;
+  sh.input_bytes = input_bytes + target_bytes;
+  ASSIGN_OR_RETURN(auto outs, BlockOutputShapes(config.model(), shape));
+  for (int k = 0; k + 1 < blocks; ++k) {
+    int64_t act = rows * static_cast<int64_t>(sizeof(float));
+    for (int64_t d : outs[k]) act *= d;
+    sh.down_bytes.push_back(act + target_bytes);
+    sh.up_bytes.push_back(sh.Down(k) * act);
+  }
+  sim_ = std::make_unique<PipelineSim>(std::move(sh), kTimelineSteps);
+  return absl::OkStatus();
+}
+
+void RunClock::Submitted(int64_t step, int mb, int m) {
+  const int64_t count = (step - base_) * m + mb + 1;
+  if (count > submitted_) {
+    sim_->SetSubmitted(count);
+    submitted_ = count;
+  }
+}
+
+void RunClock::OnMicrobatch(int64_t step, int mb,
+                            const std::vector<OpTiming>& timings) {
+  if (!fed_.insert({step, mb}).second) return;
+  const int k = sim_->shape().blocks;
+  std::vector<MbDurations> d(k);
+  for (const auto& t : timings) {
+    if (t.block < 0 || t.block >= k) continue;
+    if (t.phase == Phase::kForward) d[t.block].forward += t.seconds;
+    if (t.phase == Phase::kHead) d[t.block].head += t.seconds;
+    if (t.phase == Phase::kBackward) d[t.block].backward += t.seconds;
+    if (t.phase == Phase::kInputGrad) d[t.block].input_grad += t.seconds;
+  }
+  sim_->SetMicrobatch(step - base_, mb, std::move(d));
+}
+
+void RunClock::OnOptimizer(int64_t step, int block, double seconds) {
+  if (fed_.insert({step, -1 - block}).second) {
+    sim_->SetOptimizer(step - base_, block, seconds);
+  }
+}
+
+void RunClock::Finish() {
+  if (sim_) sim_->Finish();
+}
+
+void RunClock::Advance() {
+  if (sim_) sim_->Advance();
+}
+
+void RunClock::Checkpointed(int64_t steps) {
+  fed_.erase(fed_.begin(),
+             fed_.lower_bound({steps, std::numeric_limits<int>::min()}));
+}
+
+double RunClock::End(int64_t s) const {
+  if (!sim_ || s < base_) return offset_;
+  const int64_t i = s - base_;
+  if (i >= sim_->steps_finished()) return offset_ + sim_->Now();
+  return offset_ + sim_->StepEnd(i);
+}
+
+int64_t RunClock::Finished() const {
+  return sim_ ? base_ + sim_->steps_finished() : base_;
+}
+
+bool RunClock::WouldExceed(int64_t s, double budget) {
+  if (!sim_) return false;
+  sim_->Advance();
+  const int64_t f = sim_->steps_finished();
+  if (f == 0) return offset_ + sim_->Now() >= budget;
+  const double last = sim_->StepEnd(f - 1);
+  const double projected = offset_ + last + (s - base_ + 1 - f) * (last / f);
+  return projected > budget;
+}
+
+std::vector<double> RunClock::BusyNow() const {
+  const int k = sim_->shape().blocks;
+  std::vector<double> busy(k);
+  for (int b = 0; b < k; ++b) {
+    busy[b] = sim_->Now() > 0 ? sim_->Busy(b) / sim_->Now() : 0.0;
+  }
+  return busy;
+}
+
+ClockSummary RunClock::Summary(int64_t steps) const {
+  ClockSummary r;
+  r.virtual_seconds = offset_;
+  if (!sim_ || steps <= base_) return r;
+  // Means and busy ratios are of the part this process replayed.
+  const int64_t n = steps - base_;
+  const int k = sim_->shape().blocks;
+  const double end = sim_->StepEnd(n - 1);
+  r.virtual_seconds = offset_ + end;
+  r.mean_step_virtual = n > 1 ? (end - sim_->StepEnd(0)) / (n - 1) : end;
+  double busy = 0;
+  for (int b = 0; b < k; ++b) {
+    busy += sim_->Busy(b);
+    r.busy_ratio.push_back(end > 0 ? sim_->Busy(b) / end : 0.0);
+  }
+  r.utilisation = end > 0 ? busy / (k * end) : 0.0;
+  return r;
+}
+
+}  // namespace interlock

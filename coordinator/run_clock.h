@@ -1,0 +1,99 @@
+// The run's virtual model-parallel clock (DESIGN §2.2): feeds the measured
+// durations of every micro-batch and optimizer step into the replay
+// (analysis' PipelineSim), once each even when a recovery replays them, and
+// answers the run's questions in the run's step numbers: when a step ended
+// on the virtual clock, whether a budget is reached, the summary figures.
+// A resumed run replays from the step it resumed at, after the checkpoint's
+// virtual time.
+#ifndef INTERLOCK_COORDINATOR_RUN_CLOCK_H_
+#define INTERLOCK_COORDINATOR_RUN_CLOCK_H_
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "coordinator/virtual_clock.h"
+#include "proto/config.pb.h"
+#include "services/data.h"
+
+namespace interlock {
+
+struct OpTiming;
+
+// Steps of the run kept in the timeline (timeline.json, timeline.png).
+constexpr int64_t kTimelineSteps = 64;
+
+// The clock's figures for summary.json: end of the last step, mean step
+// time after the first step, busy / elapsed per block and overall.
+struct ClockSummary {
+  double virtual_seconds = 0.0;
+  double mean_step_virtual = 0.0;
+  double utilisation = 0.0;
+  std::vector<double> busy_ratio;
+};
+
+class RunClock {
+ public:
+  explicit RunClock(LinkModel link) : link_(link) {}
+
+  // Continues a resumed run: replays steps from `base` on, after `offset`
+  // virtual seconds of the earlier run.
+  void Resume(int64_t base, double offset) {
+    base_ = base;
+    offset_ = offset;
+  }
+  bool started() const { return sim_ != nullptr; }
+  // Starts the replay at the first submitted micro-batch; it needs the bytes
+  // every link carries per micro-batch: the input batch (`rows` samples),
+  // each block's activation with the targets, and the gradient list.
+  absl::Status Start(const interlock::v1::RunConfig& config,
+                     const DataShape& shape, int blocks, int window,
+                     int64_t rows, int64_t input_bytes, int64_t target_bytes);
+
+  // Micro-batch `mb` of `step` (of M per step) was submitted. A replay after
+  // a recovery submits again what the clock knows already.
+  void Submitted(int64_t step, int mb, int m);
+  // Measured durations; a replayed step's are on the clock already.
+  void OnMicrobatch(int64_t step, int mb, const std::vector<OpTiming>& t);
+  void OnOptimizer(int64_t step, int block, double seconds);
+  // Nothing more is submitted: the replay may run past the last step.
+  void Finish();
+  void Advance();
+  // A checkpoint at `steps`: replays never go back before it.
+  void Checkpointed(int64_t steps);
+
+  // Virtual time at the end of `step`. A step the replay has not placed yet
+  // reads as the replay's time so far (a lower bound).
+  double End(int64_t step) const;
+  // Steps the replay has placed (in the run's numbering).
+  int64_t Finished() const;
+  int64_t base() const { return base_; }
+  double offset() const { return offset_; }
+  // Whether starting `step` would pass `budget` virtual seconds: its end is
+  // projected from the replayed steps' mean (the replay runs up to two
+  // steps behind the real run).
+  bool WouldExceed(int64_t step, double budget);
+  // Busy / elapsed per block so far.
+  std::vector<double> BusyNow() const;
+  // The figures of the part this process replayed, up to `steps`.
+  ClockSummary Summary(int64_t steps) const;
+  // Null until started.
+  const PipelineSim* sim() const { return sim_.get(); }
+
+ private:
+  const LinkModel link_;
+  std::unique_ptr<PipelineSim> sim_;
+  int64_t base_ = 0;
+  double offset_ = 0.0;
+  int64_t submitted_ = 0;
+  // (step, micro-batch) and (step, -1 - block) whose durations the clock
+  // has: a replay after a recovery does not give them twice.
+  std::set<std::pair<int64_t, int>> fed_;
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_RUN_CLOCK_H_

@@ -1,0 +1,213 @@
+#include "coordinator/run_recovery.h"
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "services/status_macros.h"
+
+namespace interlock {
+namespace {
+
+// Longest single attempt of a recovery (waiting for workers, configuring,
+// restoring); attempts repeat until --recover-timeout.
+constexpr absl::Duration kRecoverAttempt = absl::Seconds(5);
+// Recoveries in a row without a completed step before the run gives up.
+constexpr int kMaxWithoutProgress = 10;
+
+bool Transient(const absl::Status& s) {
+  const auto code = s.code();
+  return code == absl::StatusCode::kUnavailable ||
+         code == absl::StatusCode::kAborted ||
+         code == absl::StatusCode::kDeadlineExceeded ||
+         code == absl::StatusCode::kCancelled ||
+         code == absl::StatusCode::kUnknown;
+}
+
+}  // namespace
+
+absl::Status RunRecovery::Open(const std::string& dir) {
+  ASSIGN_OR_RETURN(checkpoints_,
+                   RunCheckpoints::Open(dir, o_.keep, log_, seal_key_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ResumePoint> RunRecovery::Resume() {
+  ResumePoint point;
+  std::string dir = o_.dir;
+  if (dir.empty() && !out_dir_.empty()) dir = out_dir_ + "/checkpoints";
+  if (dir.empty() && !o_.resume.empty()) {
+    // The folder the resumed checkpoint lives in.
+    std::error_code ec;
+    const auto r = std::filesystem::weakly_canonical(o_.resume, ec);
+    dir = std::filesystem::exists(r / "manifest.pbtxt", ec)
+              ? r.parent_path().string()
+              : r.string();
+  }
+  if (dir.empty()) {
+    if (o_.every > 0 || !o_.resume.empty()) {
+      return absl::InvalidArgumentError(
+          "--checkpoint-every needs --out or --checkpoint-dir");
+    }
+    return point;
+  }
+  dir_ = dir;
+  std::error_code ec;
+  if (o_.every == 0 && o_.resume.empty() && !std::filesystem::exists(dir, ec)) {
+    return point;  // opened if a stop request needs it
+  }
+  RETURN_IF_ERROR(Open(dir));
+  ASSIGN_OR_RETURN(std::optional<Checkpoint> c,
+                   checkpoints_->FindResume(o_.resume));
+  if (!c) return point;
+  const auto& mf = c->manifest;
+  RETURN_IF_ERROR(CheckSameRun(mf, c_, c->dir));
+  const RunPlan& plan = state_.plan;
+  if (mf.num_blocks() != plan.blocks() || mf.total_steps() != plan.steps()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", c->dir, " is of a run of ", mf.num_blocks(),
+                     " blocks and ", mf.total_steps(), " steps; this run has ",
+                     plan.blocks(), " and ", plan.steps()));
+  }
+  const int m = plan.microbatches();
+  if (mf.microbatches_applied() != mf.step() * m) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", c->dir, ": ", mf.microbatches_applied(),
+                     " micro-batches applied in ", mf.step(), " steps of ", m));
+  }
+  RETURN_IF_ERROR(Restore(engine_, *c));
+  point.step = mf.step();
+  point.wall_seconds = mf.wall_seconds();
+  point.pending_records.assign(mf.pending_metrics().begin(),
+                               mf.pending_metrics().end());
+  state_.clock.Resume(point.step, mf.virtual_seconds());
+  state_.ledger.Restored(point.step);
+  state_.ledger.accounting().recoveries = mf.recoveries();
+  auto& evals = state_.evals;
+  evals.clear();
+  for (const auto& e : mf.evals()) {
+    if (evals.empty() || evals.back().step != e.step()) {
+      evals.push_back(
+          EvalPoint{e.step(), e.wall_seconds(), e.virtual_seconds(), {}});
+    }
+    HeadResult h;
+    h.block = e.block();
+    h.final = e.final();
+    h.loss = e.loss();
+    h.accuracy = e.accuracy();
+    h.perplexity = e.perplexity();
+    evals.back().heads.push_back(h);
+  }
+  *log_ << "interlock: resuming from " << c->dir << " (step " << point.step
+        << " of " << plan.steps() << ")\n";
+  return point;
+}
+
+absl::StatusOr<bool> RunRecovery::CanStop() {
+  if (!checkpoints_ && !dir_.empty()) RETURN_IF_ERROR(Open(dir_));
+  return checkpoints_ != nullptr;
+}
+
+absl::StatusOr<std::string> RunRecovery::Take(int64_t steps) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(state_.ledger.CheckThrough(steps));
+  const RunPlan& plan = state_.plan;
+  interlock::v1::CheckpointManifest mf;
+  *mf.mutable_config() = c_;
+  mf.set_step(steps);
+  mf.set_total_steps(plan.steps());
+  mf.mutable_cursor()->set_seed(c_.training().seed());
+  mf.mutable_cursor()->set_epoch(plan.EpochOf(steps));
+  mf.mutable_cursor()->set_offset(plan.OffsetOf(steps));
+  mf.set_wall_seconds(state_.timer.Training());
+  RunClock& clock = state_.clock;
+  clock.Advance();
+  mf.set_virtual_seconds(steps > 0 ? clock.End(steps - 1) : 0.0);
+  mf.set_microbatches_applied(steps * plan.microbatches());
+  mf.set_recoveries(state_.ledger.accounting().recoveries);
+  for (auto& e : state_.evals) {
+    if (e.step > steps) continue;
+    if (e.virtual_seconds == 0.0 && e.step > 0) {
+      e.virtual_seconds = clock.End(e.step - 1);
+    }
+    for (const auto& h : e.heads) {
+      auto* r = mf.add_evals();
+      r->set_step(e.step);
+      r->set_block(h.block);
+      r->set_final(h.final);
+      r->set_loss(h.loss);
+      r->set_accuracy(h.accuracy);
+      r->set_perplexity(h.perplexity);
+      r->set_wall_seconds(e.wall_seconds);
+      r->set_virtual_seconds(e.virtual_seconds);
+    }
+  }
+  // Steps done but not yet placed on the virtual clock (it runs up to two
+  // steps behind) are kept as records without a virtual time, so that a
+  // resumed run's metrics.jsonl has every step.
+  for (auto& line : state_.records.Pending(steps)) {
+    mf.add_pending_metrics(std::move(line));
+  }
+  ASSIGN_OR_RETURN(std::string dir, checkpoints_->Take(engine_, mf));
+  ++state_.ledger.accounting().checkpoints;
+  if (metrics_) {
+    metrics_->OnCheckpoint(steps, std::chrono::duration<double>(
+                                      std::chrono::steady_clock::now() - t0)
+                                      .count());
+  }
+  // Replays never go back before this checkpoint.
+  clock.Checkpointed(steps);
+  return dir;
+}
+
+absl::StatusOr<int64_t> RunRecovery::Recover(const absl::Status& failure) {
+  if (!Transient(failure) || o_.recover_timeout <= absl::ZeroDuration() ||
+      (o_.stop_requested != nullptr && o_.stop_requested->load())) {
+    return failure;
+  }
+  if (++recoveries_without_progress_ > kMaxWithoutProgress) {
+    return absl::Status(
+        failure.code(),
+        absl::StrCat(failure.message(), " (", kMaxWithoutProgress,
+                     " recoveries in a row made no progress)"));
+  }
+  *log_ << "\ninterlock: " << failure.message()
+        << "; recovering (waiting up to "
+        << absl::FormatDuration(o_.recover_timeout) << " for every worker)\n";
+  const absl::Time deadline = absl::Now() + o_.recover_timeout;
+  int64_t from = 0;
+  for (;;) {
+    // Attempts are bounded so that a worker dying again, or a call stuck on
+    // a dead one, is retried (the dead restarted) within the deadline.
+    absl::Status s =
+        engine_.Recover(std::min(deadline - absl::Now(), kRecoverAttempt));
+    if (s.code() == absl::StatusCode::kUnimplemented) return failure;
+    from = 0;
+    if (s.ok() && checkpoints_) {
+      auto c = checkpoints_->FindResume("");
+      if (!c.ok()) return c.status();
+      if (*c) {
+        s = CheckSameRun((*c)->manifest, c_, (*c)->dir);
+        if (s.ok()) s = Restore(engine_, **c);
+        from = (*c)->manifest.step();
+      }
+    }
+    if (s.ok()) break;
+    if (!Transient(s) || absl::Now() >= deadline) {
+      return absl::Status(
+          s.code(),
+          absl::StrCat("recovery failed within ",
+                       absl::FormatDuration(o_.recover_timeout), ": ",
+                       s.message(), " (after: ", failure.message(), ")"));
+    }
+    *log_ << "interlock: recovery interrupted (" << s.message()
+          << "); trying again\n";
+  }
+  ++state_.ledger.accounting().recoveries;
+  if (metrics_) metrics_->OnRecovery();
+  *log_ << "interlock: recovered; replaying from step " << from << "\n";
+  return from;
+}
+
+}  // namespace interlock

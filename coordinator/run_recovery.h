@@ -1,0 +1,91 @@
+// A run's checkpoints and recovery (docs/RELIABILITY.md): resuming from the
+// checkpoint folder, taking a checkpoint at a step boundary, and after a
+// worker failure waiting for the workers, restoring the newest checkpoint
+// and telling the runner where to replay from.
+#ifndef INTERLOCK_COORDINATOR_RUN_RECOVERY_H_
+#define INTERLOCK_COORDINATOR_RUN_RECOVERY_H_
+
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/engine.h"
+#include "coordinator/metrics.h"
+#include "coordinator/run_checkpoints.h"
+#include "coordinator/run_state.h"
+#include "coordinator/train_options.h"
+#include "proto/config.pb.h"
+
+namespace interlock {
+
+// Where a resumed run starts.
+struct ResumePoint {
+  int64_t step = 0;           // 0: from the beginning
+  double wall_seconds = 0.0;  // training time before it
+  // The checkpoint's records of steps the clock had not placed yet.
+  std::vector<std::string> pending_records;
+};
+
+class RunRecovery {
+ public:
+  // `seal_key`: the run's token; checkpoints are signed with it and must
+  // carry its signature to be loaded (empty: checksums only).
+  RunRecovery(const interlock::v1::RunConfig& config,
+              const CheckpointOptions& options, const std::string& out_dir,
+              std::string seal_key, Engine& engine, RunState& state,
+              CoordinatorMetrics* metrics, std::ostream* log)
+      : c_(config),
+        o_(options),
+        out_dir_(out_dir),
+        seal_key_(std::move(seal_key)),
+        engine_(engine),
+        state_(state),
+        metrics_(metrics),
+        log_(log) {}
+
+  // Opens the checkpoint folder (if the run has one) and, when there is a
+  // checkpoint to resume from, restores the engine, the ledger, the clock's
+  // base and the evaluations from it.
+  absl::StatusOr<ResumePoint> Resume();
+  // Whether a checkpoint is due after `steps` steps.
+  bool Due(int64_t steps) const {
+    return checkpoints_ && o_.every > 0 && steps % o_.every == 0;
+  }
+  // A checkpoint of `steps` completed steps (the chain is idle). Returns its
+  // folder.
+  absl::StatusOr<std::string> Take(int64_t steps);
+  // A stop request needs a checkpoint folder: opens it if the run has one
+  // but has not opened it yet. False: there is none.
+  absl::StatusOr<bool> CanStop();
+
+  // After `failure`: waits for the workers, restores the newest checkpoint
+  // (or the initial state) and returns the step to continue from. A worker
+  // failing again meanwhile restarts the attempt, within the same deadline.
+  // Returns `failure` itself when it cannot be recovered from.
+  absl::StatusOr<int64_t> Recover(const absl::Status& failure);
+  // A step completed: the recoveries so far made progress.
+  void Progressed() { recoveries_without_progress_ = 0; }
+
+ private:
+  absl::Status Open(const std::string& dir);
+
+  const interlock::v1::RunConfig& c_;
+  const CheckpointOptions& o_;
+  const std::string out_dir_;
+  const std::string seal_key_;
+  Engine& engine_;
+  RunState& state_;
+  CoordinatorMetrics* metrics_;
+  std::ostream* log_;
+  // Null without a checkpoint folder.
+  std::unique_ptr<RunCheckpoints> checkpoints_;
+  std::string dir_;
+  int recoveries_without_progress_ = 0;
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_RUN_RECOVERY_H_

@@ -1,0 +1,103 @@
+// What a run is told besides its RunConfig, one struct per concern: where
+// it reports, which engine runs the blocks, checkpoints and recovery, time
+// budgets. The CLI fills them from flags; compare and tests set them
+// directly.
+#ifndef INTERLOCK_COORDINATOR_TRAIN_OPTIONS_H_
+#define INTERLOCK_COORDINATOR_TRAIN_OPTIONS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "coordinator/virtual_clock.h"
+#include "rpc/security.h"
+
+namespace interlock {
+
+enum class Schedule { kSequential, kThreaded };
+enum class EngineKind { kInProcess, kCluster };
+
+class LocalCluster;
+
+// The run's files, progress output and coordinator metrics.
+struct OutputOptions {
+  // Folder for metrics.jsonl, eval.jsonl and summary.json; empty: none.
+  std::string out_dir;
+  // Progress: a redrawn bar on a terminal, plain log lines otherwise.
+  bool progress_bar = false;
+  bool quiet = false;
+  // Every parameter's values into TrainResult::params_json.
+  bool dump_params = false;
+  std::ostream* log = &std::cerr;
+  // Shown before the run's name in progress output (e.g. "[2/4]").
+  std::string progress_label;
+  // Coordinator /metrics: -1 off, 0 any free port.
+  int metrics_port = -1;
+  std::string metrics_host = "0.0.0.0";
+};
+
+// Which engine runs the blocks and how it is reached.
+struct EngineOptions {
+  EngineKind kind = EngineKind::kInProcess;
+  // In-process: blocks one after the other, or one thread each.
+  Schedule schedule = Schedule::kSequential;
+  // Cluster: one worker address per block; empty starts a local cluster of
+  // interlock-worker processes on loopback.
+  std::vector<std::string> workers;
+  std::string worker_binary;  // empty: next to this executable
+  // Cluster: how long to wait for a worker to be reachable.
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Cluster: bearer token and TLS files for the coordinator's calls; a local
+  // cluster's workers get the same files.
+  SecurityFiles security;
+  // Receives the local cluster while it runs (nullptr once stopped), so a
+  // signal handler can stop it.
+  std::function<void(LocalCluster*)> on_cluster;
+};
+
+// Checkpoints and recovery (docs/RELIABILITY.md).
+struct CheckpointOptions {
+  // Every this many steps (0: none but the one a stop request takes), in
+  // `dir` (empty: OUT/checkpoints; no checkpoints without either), keeping
+  // the newest `keep`.
+  int64_t every = 0;
+  std::string dir;
+  int keep = 3;
+  // Resume from this checkpoint (or folder of checkpoints). Without it a run
+  // resumes from the newest checkpoint in its checkpoint folder, if any.
+  std::string resume;
+  // Cluster: how long a failed run waits for its workers to be reachable
+  // again before it restores the last checkpoint and replays (zero: a
+  // failure ends the run).
+  absl::Duration recover_timeout = absl::Seconds(120);
+  // When set (a signal handler), the run takes a checkpoint at the next
+  // step boundary and stops with CANCELLED.
+  const std::atomic<bool>* stop_requested = nullptr;
+};
+
+// Time budgets (zero: none). The run stops submitting steps once training
+// time (wall, evaluation excluded) or the virtual clock reaches the budget,
+// finishes the steps in flight, then evaluates.
+struct BudgetOptions {
+  absl::Duration wall = absl::ZeroDuration();
+  absl::Duration virtual_time = absl::ZeroDuration();
+};
+
+struct TrainOptions {
+  OutputOptions output;
+  EngineOptions engine;
+  CheckpointOptions checkpoints;
+  BudgetOptions budget;
+  // Micro-batches in flight between the coordinator and the chain; 0: 2KM.
+  int window = 0;
+  // Link model of the virtual clock.
+  LinkModel link;
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_TRAIN_OPTIONS_H_
