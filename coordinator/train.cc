@@ -37,6 +37,7 @@
 #include "services/models.h"
 #include "services/optim.h"
 #include "services/status_macros.h"
+#include "services/wire_codec.h"
 
 namespace interlock {
 namespace {
@@ -210,13 +211,21 @@ class Runner {
     sh.sum_rule = t.rule() == TrainingSpec::SUM;
     sh.compute_unused = t.compute_unused_gradients();
     sh.link = o_.link;
-    sh.input_bytes = static_cast<int64_t>(x.nbytes() + y.nbytes());
+    // What the run's codec puts on the wire for each input, activation and
+    // gradient (targets travel raw).
+    ASSIGN_OR_RETURN(const WireCodec codec, WireCodec::ForRun(c_));
+    sh.input_bytes =
+        codec.activations().MaxEncodedBytes(x.scalar_type(), x.numel()) +
+        static_cast<int64_t>(y.nbytes());
     ASSIGN_OR_RETURN(auto outs, BlockOutputShapes(c_.model(), shape_));
     for (int k = 0; k + 1 < k_; ++k) {
-      int64_t act = x.size(0) * static_cast<int64_t>(sizeof(float));
-      for (int64_t d : outs[k]) act *= d;
-      sh.down_bytes.push_back(act + static_cast<int64_t>(y.nbytes()));
-      sh.up_bytes.push_back(sh.Down(k) * act);
+      int64_t elements = x.size(0);
+      for (int64_t d : outs[k]) elements *= d;
+      sh.down_bytes.push_back(
+          codec.activations().MaxEncodedBytes(torch::kFloat32, elements) +
+          static_cast<int64_t>(y.nbytes()));
+      sh.up_bytes.push_back(sh.Down(k) * codec.gradients().MaxEncodedBytes(
+                                             torch::kFloat32, elements));
     }
     clock_ = std::make_unique<PipelineSim>(std::move(sh), kTimelineSteps);
     return absl::OkStatus();

@@ -39,11 +39,14 @@ TEST(BlockHost, StopDrainsOrAbandonsWhatWaits) {
     std::mutex gate;
     gate.lock();
     std::atomic<int> ran{0};
+    std::atomic<bool> started{false};
     host.Post([&] {
+      started = true;
       std::lock_guard<std::mutex> l(gate);  // holds the executor
       ++ran;
     });
     for (int i = 0; i < 5; ++i) host.Post([&] { ++ran; });
+    while (!started) std::this_thread::yield();
     std::thread stopper([&] { host.Stop(mode); });
     // Let the stop be seen before the first task finishes.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
