@@ -17,6 +17,7 @@
 #include "services/models.h"
 #include "services/status_macros.h"
 #include "services/wire.h"
+#include "services/wire_codec.h"
 
 namespace interlock {
 namespace {
@@ -28,17 +29,14 @@ std::string NewRunId() {
   return absl::StrFormat("%08x%08x", rd(), rd());
 }
 
-int64_t Elements(int64_t batch, const std::vector<int64_t>& dims) {
-  int64_t n = batch;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
-
 class ClusterEngine : public Engine {
  public:
   ClusterEngine(const v1::RunConfig& config, const DataShape& shape,
-                const ClusterOptions& options)
-      : config_(config), shape_(shape), options_(options) {}
+                const ClusterOptions& options, WireCodec codec)
+      : config_(config),
+        shape_(shape),
+        options_(options),
+        codec_(std::move(codec)) {}
 
   ~ClusterEngine() override { Shutdown(); }
 
@@ -49,7 +47,7 @@ class ClusterEngine : public Engine {
           absl::StrCat("--workers: ", options_.workers.size(),
                        " addresses for a model of ", k_blocks, " blocks"));
     }
-    ASSIGN_OR_RETURN(max_bytes_, MaxMessageBytes(k_blocks));
+    ASSIGN_OR_RETURN(max_bytes_, codec_.MaxMessageBytes(config_, shape_));
     run_id_ = NewRunId();
     for (const auto& addr : options_.workers) {
       Peer p;
@@ -234,13 +232,8 @@ class ClusterEngine : public Engine {
     }
     v1::DownMessage down;
     SetHeader(&down);
-    auto* f = down.mutable_forward();
-    f->set_step(msg.step);
-    f->set_microbatch(msg.mb);
-    f->set_microbatches(config_.training().microbatches());
-    f->set_learning_rate(msg.lr);
-    EncodeTensor(msg.input, f->mutable_input());
-    EncodeTensor(msg.target, f->mutable_target());
+    codec_.EncodeForward(msg, config_.training().microbatches(),
+                         down.mutable_forward());
     stream_->Send(std::move(down));
     return absl::OkStatus();
   }
@@ -269,9 +262,7 @@ class ClusterEngine : public Engine {
     const int64_t id = next_eval_++;
     v1::DownMessage down;
     SetHeader(&down);
-    down.mutable_eval()->set_batch(id);
-    EncodeTensor(input, down.mutable_eval()->mutable_input());
-    EncodeTensor(target, down.mutable_eval()->mutable_target());
+    codec_.EncodeEval({id, input, target, false}, down.mutable_eval());
     stream_->Send(std::move(down));
     std::unique_lock<std::mutex> l(mu_);
     const size_t k = peers_.size();
@@ -281,14 +272,13 @@ class ClusterEngine : public Engine {
     }
     if (!error_.ok()) return error_;
     std::vector<HeadEval> out;
-    std::vector<v1::EvalResult> results = std::move(evals_[id]);
+    std::vector<EvalReport> results = std::move(evals_[id]);
     evals_.erase(id);
-    std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) {
-      return a.block() < b.block();
-    });
+    std::sort(results.begin(), results.end(),
+              [](const auto& a, const auto& b) { return a.block < b.block; });
     for (const auto& r : results) {
-      if (!r.has_head()) continue;
-      out.push_back({r.block(), r.loss_sum(), r.correct(), r.count()});
+      if (!r.has_head) continue;
+      out.push_back({r.block, r.loss_sum, r.correct, r.count});
     }
     return out;
   }
@@ -351,26 +341,6 @@ class ClusterEngine : public Engine {
     std::unique_ptr<v1::Worker::Stub> stub;
   };
 
-  // The largest message any link carries: a micro-batch's (or an eval
-  // batch's) input and targets, or the gradient list of the widest block.
-  absl::StatusOr<int64_t> MaxMessageBytes(int k_blocks) {
-    ASSIGN_OR_RETURN(auto outs, BlockOutputShapes(config_.model(), shape_));
-    const auto& t = config_.training();
-    const int64_t b =
-        std::max<int64_t>(t.batch_size() / std::max(1, t.microbatches()),
-                          std::max(t.eval_batch_size(), t.batch_size()));
-    const int64_t targets = Elements(b, TargetShape(shape_)) * 8;
-    int64_t worst = 0;
-    for (int k = 0; k < k_blocks; ++k) {
-      const auto in_dims = k == 0 ? SampleShape(shape_) : outs[k - 1];
-      const int64_t in = Elements(b, in_dims) * (shape_.is_text ? 8 : 4);
-      const int64_t out = Elements(b, outs[k]) * 4;
-      worst = std::max(worst, in + targets);
-      worst = std::max(worst, out * k_blocks);
-    }
-    return worst + (1 << 20);
-  }
-
   void SetHeader(v1::DownMessage* m) {
     m->mutable_header()->set_run_id(run_id_);
     m->mutable_header()->set_generation(generation_);
@@ -386,7 +356,7 @@ class ClusterEngine : public Engine {
   void OnUp(v1::UpMessage m) {
     switch (m.kind_case()) {
       case v1::UpMessage::kUpward: {
-        auto up = DecodeUpward(m.upward());
+        auto up = codec_.DecodeUpward(m.upward());
         if (!up.ok()) {
           Fail(up.status());
           return;
@@ -395,14 +365,7 @@ class ClusterEngine : public Engine {
         return;
       }
       case v1::UpMessage::kStepDone: {
-        StepDone d;
-        d.block = m.step_done().block();
-        d.step = m.step_done().step();
-        d.timing = {d.block, Phase::kOptimizer,
-                    m.step_done().optimizer_seconds()};
-        d.skipped = m.step_done().skipped();
-        d.microbatches = m.step_done().microbatches();
-        Push(d);
+        Push(codec_.DecodeStepDone(m.step_done()));
         return;
       }
       case v1::UpMessage::kDuplicate: {
@@ -412,7 +375,7 @@ class ClusterEngine : public Engine {
       }
       case v1::UpMessage::kEval: {
         std::lock_guard<std::mutex> l(mu_);
-        evals_[m.eval().batch()].push_back(m.eval());
+        evals_[m.eval().batch()].push_back(codec_.DecodeEvalResult(m.eval()));
         cv_.notify_all();
         return;
       }
@@ -458,6 +421,7 @@ class ClusterEngine : public Engine {
   const v1::RunConfig config_;
   const DataShape shape_;
   const ClusterOptions options_;
+  const WireCodec codec_;
   std::string run_id_;
   int64_t generation_ = 1;
   std::atomic<int64_t> stream_epoch_{0};
@@ -469,7 +433,7 @@ class ClusterEngine : public Engine {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<EngineEvent> events_;
-  std::map<int64_t, std::vector<v1::EvalResult>> evals_;
+  std::map<int64_t, std::vector<EvalReport>> evals_;
   absl::Status error_;
   bool closing_ = false;
   bool stream_done_ = false;
@@ -480,7 +444,9 @@ class ClusterEngine : public Engine {
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(
     const v1::RunConfig& config, const DataShape& shape,
     const ClusterOptions& options) {
-  auto engine = std::make_unique<ClusterEngine>(config, shape, options);
+  ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));
+  auto engine =
+      std::make_unique<ClusterEngine>(config, shape, options, std::move(codec));
   RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<Engine>(std::move(engine));
 }

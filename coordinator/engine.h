@@ -1,5 +1,5 @@
 // How the run driver reaches the chain of blocks: in one process (a chain of
-// BlockDrivers) or over gRPC (a chain of workers). The interface has no gRPC
+// block hosts) or over gRPC (a chain of workers). The interface has no gRPC
 // types; the driver above it owns data, schedule, metrics and reports.
 #ifndef INTERLOCK_COORDINATOR_ENGINE_H_
 #define INTERLOCK_COORDINATOR_ENGINE_H_
@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "services/driver.h"
+#include "services/messages.h"
 
 namespace interlock {
 

@@ -2,28 +2,29 @@
 
 #include <condition_variable>
 #include <deque>
-#include <functional>
-#include <future>
+#include <memory>
 #include <mutex>
-#include <thread>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "services/block_host.h"
 #include "services/runtime.h"
 #include "services/status_macros.h"
+#include "services/wire_codec.h"
 
 namespace interlock {
 namespace {
 
-struct StopMsg {};
-// Work that must run on a block's own thread (state save and load).
-using BlockTask = std::function<void(BlockDriver&)>;
-using Inbound = std::variant<ForwardMsg, UpwardMsg, StopMsg, BlockTask>;
-
+// A chain of block hosts joined in memory. Every message crossing a block
+// boundary goes through the run's wire codec (Transfer), as it would
+// between workers.
 class InProcessEngine : public Engine {
  public:
-  InProcessEngine(Schedule schedule, int threads)
-      : schedule_(schedule), threads_(threads) {}
+  InProcessEngine(Schedule schedule, int threads, WireCodec codec)
+      : schedule_(schedule), threads_(threads), codec_(std::move(codec)) {}
   ~InProcessEngine() override { Shutdown(); }
 
   absl::Status Init(const interlock::v1::RunConfig& config,
@@ -34,42 +35,46 @@ class InProcessEngine : public Engine {
     const TrainerOptions first = TrainerOptionsFromConfig(config, 0, k_blocks);
     ASSIGN_OR_RETURN(auto modules, BuildModel(config.model(), shape, !first.e2e,
                                               config.training().seed()));
+    BlockHost::Options options;
+    options.threads = threads_;
+    if (schedule_ == Schedule::kSequential) options.shared = &queue_;
+    options.on_error = [this](absl::Status s) {
+      // Sequential: nothing queued runs after an error.
+      if (schedule_ == Schedule::kSequential) queue_.Clear();
+      Fail(std::move(s));
+    };
     for (int k = 0; k < k_blocks; ++k) {
       ASSIGN_OR_RETURN(auto trainer,
                        BlockTrainer::FromModules(
                            TrainerOptionsFromConfig(config, k, k_blocks),
                            std::move(modules[k]), config.optimizer()));
       BlockDriver::Callbacks cb;
-      cb.send_down = [this, k](ForwardMsg m) { Deliver(k + 1, std::move(m)); };
+      cb.send_down = [this, k](ForwardMsg m) {
+        hosts_[k + 1]->Forward(codec_.Transfer(std::move(m)));
+      };
       cb.send_up = [this, k](UpwardMsg m) {
         if (k == 0) {
-          Emit(std::move(m));
+          Emit(codec_.Transfer(std::move(m)));
         } else {
-          Deliver(k - 1, std::move(m));
+          hosts_[k - 1]->Upward(codec_.Transfer(std::move(m)));
         }
       };
       cb.step_done = [this](StepDone d) { Emit(d); };
-      auto b = std::make_unique<Block>();
-      b->driver = std::make_unique<BlockDriver>(std::move(trainer), cb);
-      blocks_.push_back(std::move(b));
-    }
-    if (schedule_ == Schedule::kThreaded) {
-      for (int k = 0; k < k_blocks; ++k) {
-        blocks_[k]->thread = std::thread([this, k] { Loop(k); });
-      }
+      hosts_.push_back(std::make_unique<BlockHost>(
+          options, std::make_unique<BlockDriver>(std::move(trainer), cb)));
     }
     return absl::OkStatus();
   }
 
-  int num_blocks() const override { return static_cast<int>(blocks_.size()); }
+  int num_blocks() const override { return static_cast<int>(hosts_.size()); }
 
   absl::Status Submit(ForwardMsg msg) override {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!error_.ok()) return error_;
     }
-    Deliver(0, std::move(msg));
-    if (schedule_ == Schedule::kSequential) RunSequential();
+    hosts_[0]->Forward(codec_.Transfer(std::move(msg)));
+    if (schedule_ == Schedule::kSequential) queue_.RunPending();
     std::lock_guard<std::mutex> l(mu_);
     return error_;
   }
@@ -97,26 +102,27 @@ class InProcessEngine : public Engine {
   absl::StatusOr<std::vector<HeadEval>> Evaluate(
       const torch::Tensor& input, const torch::Tensor& target) override {
     std::vector<HeadEval> out;
-    torch::Tensor x = input;
-    bool nonfinite = false;
-    for (auto& b : blocks_) {
-      ASSIGN_OR_RETURN(EvalResult r,
-                       b->driver->trainer().Evaluate(x, target, nonfinite));
-      nonfinite = r.output_nonfinite;
-      for (size_t i = 0; i < r.loss.size(); ++i) {
-        out.push_back({b->driver->trainer().options().block, r.loss[i],
-                       r.correct[i], r.count});
+    EvalMsg msg{0, input, target, false};
+    for (auto& host : hosts_) {
+      const int k = host->driver()->trainer().options().block;
+      absl::StatusOr<EvalResult> r;
+      host->Call(
+          [&] { r = host->Evaluate(msg, absl::StrCat("block ", k, " eval")); });
+      if (!r.ok()) return r.status();
+      for (size_t i = 0; i < r->loss.size(); ++i) {
+        out.push_back({k, r->loss[i], r->correct[i], r->count});
       }
-      x = r.output;
+      msg.input = codec_.TransferActivation(std::move(r->output));
+      msg.nonfinite = r->output_nonfinite;
     }
     return out;
   }
 
   absl::StatusOr<std::vector<BlockState>> FetchState() override {
     std::vector<BlockState> out;
-    for (auto& b : blocks_) {
+    for (auto& host : hosts_) {
       BlockState s;
-      for (auto& [name, t] : b->driver->trainer().NamedState()) {
+      for (auto& [name, t] : host->driver()->trainer().NamedState()) {
         if (absl::StartsWith(name, "head.")) {
           s.head.emplace_back(name, t);
         } else {
@@ -129,11 +135,10 @@ class InProcessEngine : public Engine {
   }
 
   absl::StatusOr<std::vector<std::string>> SaveState() override {
-    std::vector<std::string> out(blocks_.size());
-    for (size_t k = 0; k < blocks_.size(); ++k) {
+    std::vector<std::string> out(hosts_.size());
+    for (size_t k = 0; k < hosts_.size(); ++k) {
       absl::StatusOr<std::string> r;
-      RunOnBlock(static_cast<int>(k),
-                 [&](BlockDriver& d) { r = d.SaveState(); });
+      hosts_[k]->Call([&] { r = hosts_[k]->driver()->SaveState(); });
       if (!r.ok()) return r.status();
       out[k] = *std::move(r);
     }
@@ -142,15 +147,15 @@ class InProcessEngine : public Engine {
 
   absl::Status LoadState(int64_t step,
                          const std::vector<std::string>& states) override {
-    if (states.size() != blocks_.size()) {
+    if (states.size() != hosts_.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("load state: ", states.size(), " archives for ",
-                       blocks_.size(), " blocks"));
+                       hosts_.size(), " blocks"));
     }
-    for (size_t k = 0; k < blocks_.size(); ++k) {
+    for (size_t k = 0; k < hosts_.size(); ++k) {
       absl::Status s;
-      RunOnBlock(static_cast<int>(k),
-                 [&](BlockDriver& d) { s = d.LoadState(states[k], step); });
+      hosts_[k]->Call(
+          [&] { s = hosts_[k]->driver()->LoadState(states[k], step); });
       RETURN_IF_ERROR(s);
     }
     return absl::OkStatus();
@@ -161,37 +166,12 @@ class InProcessEngine : public Engine {
         "the in-process engine has no workers to recover");
   }
 
+  // Each block finishes the messages it was sent before the stop.
   void Shutdown() override {
-    for (size_t k = 0; k < blocks_.size(); ++k) {
-      if (blocks_[k]->thread.joinable()) {
-        Deliver(static_cast<int>(k), StopMsg{});
-        blocks_[k]->thread.join();
-      }
-    }
+    for (auto& host : hosts_) host->Stop(BlockHost::StopMode::kDrain);
   }
 
  private:
-  struct Block {
-    std::unique_ptr<BlockDriver> driver;
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<Inbound> inbox;
-    std::thread thread;
-  };
-
-  void Deliver(int k, Inbound msg) {
-    if (schedule_ == Schedule::kSequential) {
-      queue_.emplace_back(k, std::move(msg));
-      return;
-    }
-    Block& b = *blocks_[k];
-    {
-      std::lock_guard<std::mutex> l(b.mu);
-      b.inbox.push_back(std::move(msg));
-    }
-    b.cv.notify_one();
-  }
-
   void Emit(EngineEvent e) {
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -208,70 +188,11 @@ class InProcessEngine : public Engine {
     cv_.notify_all();
   }
 
-  // Runs `task` on block k's thread (threaded) or here (sequential) and
-  // waits for it.
-  void RunOnBlock(int k, const BlockTask& task) {
-    if (schedule_ == Schedule::kSequential) {
-      task(*blocks_[k]->driver);
-      return;
-    }
-    std::promise<void> done;
-    Deliver(k, BlockTask([&](BlockDriver& d) {
-              task(d);
-              done.set_value();
-            }));
-    done.get_future().wait();
-  }
-
-  absl::Status Handle(int k, Inbound msg) {
-    BlockDriver& d = *blocks_[k]->driver;
-    if (auto* t = std::get_if<BlockTask>(&msg)) {
-      (*t)(d);
-      return absl::OkStatus();
-    }
-    if (auto* f = std::get_if<ForwardMsg>(&msg))
-      return d.OnForward(std::move(*f));
-    if (auto* u = std::get_if<UpwardMsg>(&msg))
-      return d.OnUpward(std::move(*u));
-    return absl::OkStatus();
-  }
-
-  // All blocks on this thread: messages are handled in the order they were
-  // sent, which is the reference implementation's simulated schedule.
-  void RunSequential() {
-    while (!queue_.empty()) {
-      auto [k, msg] = std::move(queue_.front());
-      queue_.pop_front();
-      absl::Status s = Handle(k, std::move(msg));
-      if (!s.ok()) {
-        queue_.clear();
-        Fail(s);
-        return;
-      }
-    }
-  }
-
-  void Loop(int k) {
-    ConfigureThreads(threads_);
-    Block& b = *blocks_[k];
-    for (;;) {
-      Inbound msg;
-      {
-        std::unique_lock<std::mutex> l(b.mu);
-        b.cv.wait(l, [&] { return !b.inbox.empty(); });
-        msg = std::move(b.inbox.front());
-        b.inbox.pop_front();
-      }
-      if (std::holds_alternative<StopMsg>(msg)) return;
-      absl::Status s = Handle(k, std::move(msg));
-      if (!s.ok()) Fail(s);
-    }
-  }
-
   const Schedule schedule_;
   const int threads_;
-  std::vector<std::unique_ptr<Block>> blocks_;
-  std::deque<std::pair<int, Inbound>> queue_;  // sequential schedule
+  const WireCodec codec_;
+  BlockHost::SharedQueue queue_;  // sequential schedule
+  std::vector<std::unique_ptr<BlockHost>> hosts_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<EngineEvent> out_;
@@ -285,7 +206,9 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeInProcessEngine(
     Schedule schedule) {
   const int threads = std::max(1, config.training().threads_per_block());
   ConfigureThreads(threads);
-  auto engine = std::make_unique<InProcessEngine>(schedule, threads);
+  ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));
+  auto engine =
+      std::make_unique<InProcessEngine>(schedule, threads, std::move(codec));
   RETURN_IF_ERROR(engine->Init(config, shape));
   return std::unique_ptr<Engine>(std::move(engine));
 }

@@ -1,6 +1,6 @@
-// The in-process engine: K BlockDrivers joined by in-memory queues, either all
-// on the calling thread ("sequential", the reference's simulated mode) or one
-// thread per block ("threaded").
+// The in-process engine: K block hosts (services/block_host.h) joined in
+// memory, either all on the calling thread ("sequential", the reference's
+// simulated mode) or one thread per block ("threaded").
 #ifndef INTERLOCK_COORDINATOR_INPROCESS_ENGINE_H_
 #define INTERLOCK_COORDINATOR_INPROCESS_ENGINE_H_
 

@@ -5,6 +5,7 @@
 #include "services/models.h"
 #include "services/status_macros.h"
 #include "services/trainer.h"
+#include "services/wire_codec.h"
 
 namespace interlock {
 
@@ -25,12 +26,18 @@ absl::Status RunClock::Start(const interlock::v1::RunConfig& config,
   sh.compute_unused = t.compute_unused_gradients();
   sh.link = link_;
   sh.input_bytes = input_bytes + target_bytes;
+  // What the run's codec puts on the wire for each activation and gradient
+  // (targets travel raw).
+  ASSIGN_OR_RETURN(const WireCodec codec, WireCodec::ForRun(config));
   ASSIGN_OR_RETURN(auto outs, BlockOutputShapes(config.model(), shape));
   for (int k = 0; k + 1 < blocks; ++k) {
-    int64_t act = rows * static_cast<int64_t>(sizeof(float));
-    for (int64_t d : outs[k]) act *= d;
-    sh.down_bytes.push_back(act + target_bytes);
-    sh.up_bytes.push_back(sh.Down(k) * act);
+    int64_t elements = rows;
+    for (int64_t d : outs[k]) elements *= d;
+    sh.down_bytes.push_back(
+        codec.activations().MaxEncodedBytes(torch::kFloat32, elements) +
+        target_bytes);
+    sh.up_bytes.push_back(sh.Down(k) * codec.gradients().MaxEncodedBytes(
+                                           torch::kFloat32, elements));
   }
   sim_ = std::make_unique<PipelineSim>(std::move(sh), kTimelineSteps);
   return absl::OkStatus();

@@ -47,8 +47,9 @@ class RunClock {
   }
   bool started() const { return sim_ != nullptr; }
   // Starts the replay at the first submitted micro-batch; it needs the bytes
-  // every link carries per micro-batch: the input batch (`rows` samples),
-  // each block's activation with the targets, and the gradient list.
+  // every link carries per micro-batch: the input batch (`rows` samples,
+  // `input_bytes` as encoded on the wire), each block's activation with the
+  // targets, and the gradient list.
   absl::Status Start(const interlock::v1::RunConfig& config,
                      const DataShape& shape, int blocks, int window,
                      int64_t rows, int64_t input_bytes, int64_t target_bytes);

@@ -2,7 +2,7 @@
 // the next step's forwards until this block's optimizer step, merges the loss
 // reports coming up from below, and decides when to step (DESIGN §2). Both the
 // in-process runner and the worker service feed it; it is not thread-safe and
-// must be driven from one thread (the block's executor).
+// must be driven from one thread (its BlockHost's executor).
 #ifndef INTERLOCK_SERVICES_DRIVER_H_
 #define INTERLOCK_SERVICES_DRIVER_H_
 
@@ -13,46 +13,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "services/messages.h"
 #include "services/trainer.h"
 
 namespace interlock {
-
-// Activations (and targets) travelling down the chain.
-struct ForwardMsg {
-  int64_t step = 0;
-  int mb = 0;
-  double lr = 0.0;
-  torch::Tensor input;
-  torch::Tensor target;
-  // The input is zeros standing for non-finite values (SKIP_STEP).
-  bool nonfinite = false;
-};
-
-// Gradients, reports and timings travelling up the chain. Gradient entries
-// travel as soon as each is computed: `grads` are entries first_entry,
-// first_entry+1, ... of the receiver's downstream list. The final message of
-// a micro-batch carries the reports and timings of this block and all below;
-// from block 0 it is the completion: finished everywhere.
-struct UpwardMsg {
-  int64_t step = 0;
-  int mb = 0;
-  int first_entry = 0;
-  bool final = true;
-  std::vector<torch::Tensor> grads;
-  // Parallel to grads (or empty): entries sent as zeros because they were
-  // derived from non-finite values (training.nonfinite_policy SKIP_STEP).
-  std::vector<bool> nonfinite;
-  std::vector<LossReport> reports;
-  std::vector<OpTiming> timings;
-};
-
-struct StepDone {
-  int block = 0;
-  int64_t step = 0;
-  OpTiming timing;
-  bool skipped = false;  // the update was skipped (non-finite values)
-  int microbatches = 0;  // micro-batch gradients the step applied
-};
 
 class BlockDriver {
  public:

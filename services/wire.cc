@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace {
@@ -143,64 +142,6 @@ absl::Status ExpectFinite(const torch::Tensor& t, const std::string& what) {
         absl::StrCat(what, ": contains NaN or infinite values"));
   }
   return absl::OkStatus();
-}
-
-void EncodeUpward(const UpwardMsg& m, interlock::v1::UpwardData* out) {
-  out->set_step(m.step);
-  out->set_microbatch(m.mb);
-  out->set_first_entry(m.first_entry);
-  out->set_partial(!m.final);
-  for (const auto& g : m.grads) EncodeTensor(g, out->add_gradients());
-  for (bool b : m.nonfinite) out->add_nonfinite(b);
-  for (const auto& r : m.reports) {
-    auto* p = out->add_reports();
-    p->set_block(r.block);
-    p->set_loss(r.loss);
-    p->set_correct(r.correct);
-    p->set_count(r.count);
-  }
-  for (const auto& t : m.timings) {
-    auto* p = out->add_timings();
-    p->set_block(t.block);
-    p->set_phase(PhaseName(t.phase));
-    p->set_seconds(t.seconds);
-  }
-}
-
-Phase PhaseFromName(const std::string& name) {
-  if (name == "head") return Phase::kHead;
-  if (name == "backward") return Phase::kBackward;
-  if (name == "optimizer") return Phase::kOptimizer;
-  if (name == "input_grad") return Phase::kInputGrad;
-  return Phase::kForward;
-}
-
-absl::StatusOr<UpwardMsg> DecodeUpward(const interlock::v1::UpwardData& d,
-                                       const TensorLimits& limits) {
-  UpwardMsg m;
-  m.step = d.step();
-  m.mb = d.microbatch();
-  m.first_entry = d.first_entry();
-  m.final = !d.partial();
-  for (int i = 0; i < d.gradients_size(); ++i) {
-    ASSIGN_OR_RETURN(torch::Tensor g,
-                     DecodeTensor(d.gradients(i),
-                                  absl::StrCat("gradients[", i, "]"), limits));
-    m.grads.push_back(std::move(g));
-  }
-  if (d.nonfinite_size() != 0 && d.nonfinite_size() != d.gradients_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(d.nonfinite_size(), " non-finite marks for ",
-                     d.gradients_size(), " gradients"));
-  }
-  m.nonfinite.assign(d.nonfinite().begin(), d.nonfinite().end());
-  for (const auto& r : d.reports()) {
-    m.reports.push_back({r.block(), r.loss(), r.correct(), r.count()});
-  }
-  for (const auto& t : d.timings()) {
-    m.timings.push_back({t.block(), PhaseFromName(t.phase()), t.seconds()});
-  }
-  return m;
 }
 
 void EncodeShape(const DataShape& s, interlock::v1::DataShapeInfo* out) {

@@ -1,5 +1,6 @@
-// Conversions between LibTorch/engine types and the wire messages, with the
-// checks a worker applies to everything it receives. No gRPC types here.
+// Tensors and shapes on the wire, raw, with the checks a worker applies to
+// everything it receives. Messages go through services/wire_codec.h, which
+// builds on these. No gRPC types here.
 #ifndef INTERLOCK_SERVICES_WIRE_H_
 #define INTERLOCK_SERVICES_WIRE_H_
 
@@ -11,7 +12,6 @@
 #include "absl/status/statusor.h"
 #include "proto/worker.pb.h"
 #include "services/data.h"
-#include "services/driver.h"
 
 namespace interlock {
 
@@ -36,14 +36,8 @@ absl::Status ExpectTensor(const torch::Tensor& t, torch::ScalarType dtype,
 // Refuses NaN and infinities in a floating-point tensor.
 absl::Status ExpectFinite(const torch::Tensor& t, const std::string& what);
 
-void EncodeUpward(const UpwardMsg& m, interlock::v1::UpwardData* out);
-absl::StatusOr<UpwardMsg> DecodeUpward(const interlock::v1::UpwardData& d,
-                                       const TensorLimits& limits = {});
-
 void EncodeShape(const DataShape& s, interlock::v1::DataShapeInfo* out);
 DataShape DecodeShape(const interlock::v1::DataShapeInfo& s);
-
-Phase PhaseFromName(const std::string& name);
 
 }  // namespace interlock
 

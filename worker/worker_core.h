@@ -1,23 +1,19 @@
-// The worker's core: hosts one block (a BlockDriver around a BlockTrainer) on
-// its own executor thread, checks everything it receives, and talks to its
-// neighbours through two small interfaces the gRPC adapter implements. No
-// gRPC types here.
+// The worker's core: hosts one block in a BlockHost (services/block_host.h),
+// checks everything it receives, and talks to its neighbours through two
+// small interfaces the gRPC adapter implements. No gRPC types here.
 #ifndef INTERLOCK_WORKER_WORKER_CORE_H_
 #define INTERLOCK_WORKER_WORKER_CORE_H_
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/worker.pb.h"
-#include "services/driver.h"
+#include "services/block_host.h"
 #include "services/wire.h"
 #include "worker/metrics.h"
 
@@ -132,8 +128,6 @@ class WorkerCore {
  private:
   struct Run;
 
-  void Post(std::function<void()> task);
-  void Loop();
   absl::StatusOr<interlock::v1::ConfigureResponse> DoConfigure(
       const interlock::v1::ConfigureRequest& request);
   absl::Status HandleDown(interlock::v1::DownMessage msg);
@@ -148,7 +142,6 @@ class WorkerCore {
   void SendDown(interlock::v1::DownMessage msg);
   // Reports a failure to the coordinator and ends the incoming stream.
   void FailRun(int block, const std::string& address, const absl::Status& s);
-  bool WaitingForGradients() const;
   // The configured run, if `run_id` and `generation` name it.
   absl::Status CheckRun(const std::string& what, const std::string& run_id,
                         int64_t generation) const;
@@ -158,17 +151,16 @@ class WorkerCore {
   const LinkFactory link_factory_;
   std::function<void(bool)> on_configured_;
 
-  // Executor: every touch of the block happens on this one thread.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
-  std::thread thread_;
-
   // Owned by the executor thread.
   std::unique_ptr<Run> run_;
-  std::shared_ptr<UpstreamSink> sink_;  // guarded by mu_ for Attach/Detach
   uint64_t next_link_id_ = 1;
+
+  std::mutex sink_mu_;
+  std::shared_ptr<UpstreamSink> sink_;  // guarded by sink_mu_
+
+  // Every touch of the block and of run_ happens on its executor. Last:
+  // it stops before the rest goes.
+  BlockHost host_;
 };
 
 }  // namespace interlock

@@ -7,10 +7,10 @@
 //   grpc: the worker stream protocol. interlock.v1.Worker/Stream with the
 //     channel and server settings both services use (MakeChannel,
 //     ConfigureServerBuilder); the client is the coordinator's StreamClient.
-//     Every message is encoded and decoded the way a worker does it: the
-//     sender runs EncodeTensor / EncodeUpward, the receiver DecodeTensor /
-//     DecodeUpward plus the shape and finiteness checks, and the server does
-//     that work on its own thread, not inside a reaction.
+//     Every message is encoded and decoded the way a worker does it: through
+//     the run's WireCodec (FP32), the receiver adding the shape and
+//     finiteness checks, and the server does that work on its own thread,
+//     not inside a reaction.
 //   tcp: one raw TCP connection, the same payload bytes in the same pattern
 //     (N bytes one way, N bytes back), blocking send/recv, no framing.
 // Throughput = payload bytes moved (both directions) / wall time. The order of
@@ -50,6 +50,7 @@
 #include "services/runtime.h"
 #include "services/status_macros.h"
 #include "services/wire.h"
+#include "services/wire_codec.h"
 
 ABSL_FLAG(int, rounds, 9, "rounds; each runs both transports once");
 ABSL_FLAG(int, exchanges, 4, "down-and-up exchanges per transport and round");
@@ -93,9 +94,8 @@ int64_t CpuStallMicros() {
   return -1;
 }
 
-// Time spent on the codec, on both ends: encoding (EncodeTensor,
-// EncodeUpward), decoding (DecodeTensor, DecodeUpward) and the receiver's
-// checks (ExpectTensor, ExpectFinite).
+// Time spent on the codec, on both ends: encoding and decoding (WireCodec)
+// and the receiver's checks (ExpectTensor, ExpectFinite).
 enum CodecPart { kEncode, kDecode, kCheck, kCodecParts };
 std::atomic<int64_t> codec_ns[kCodecParts];
 
@@ -113,19 +113,19 @@ class CodecTimer {
   Clock::time_point start_;
 };
 
-// What a worker checks on a tensor it receives.
-absl::StatusOr<torch::Tensor> Receive(const v1::Tensor& w,
-                                      const torch::Tensor& like,
-                                      const std::string& what) {
-  torch::Tensor t;
-  {
-    CodecTimer timer(kDecode);
-    ASSIGN_OR_RETURN(t, DecodeTensor(w, what));
-  }
+// The codec of a run with default settings (FP32 both ways).
+const WireCodec& Codec() {
+  static const auto* codec = new WireCodec(Fp32Codec(), Fp32Codec());
+  return *codec;
+}
+
+// What a worker checks on a tensor it received.
+absl::Status Check(const torch::Tensor& t, const torch::Tensor& like,
+                   const std::string& what) {
   CodecTimer timer(kCheck);
   RETURN_IF_ERROR(ExpectTensor(t, like.scalar_type(), like.sizes(), what));
   if (t.is_floating_point()) RETURN_IF_ERROR(ExpectFinite(t, what));
-  return t;
+  return absl::OkStatus();
 }
 
 // ---- gRPC: the server side of Worker.Stream ----
@@ -217,16 +217,20 @@ class BenchService : public v1::Worker::CallbackService {
   // The worker's side: decode and check the activation, answer with the
   // gradient of the same shape.
   absl::StatusOr<v1::UpMessage> Answer(const v1::DownMessage& msg) {
-    const v1::ForwardData& f = msg.forward();
-    RETURN_IF_ERROR(Receive(f.input(), activation_, "input").status());
-    RETURN_IF_ERROR(Receive(f.target(), target_, "target").status());
+    ForwardMsg f;
+    {
+      CodecTimer timer(kDecode);
+      ASSIGN_OR_RETURN(f, Codec().DecodeForward(msg.forward(), "forward", {}));
+    }
+    RETURN_IF_ERROR(Check(f.input, activation_, "forward input"));
+    RETURN_IF_ERROR(Check(f.target, target_, "forward target"));
     UpwardMsg up;
-    up.step = f.step();
-    up.mb = f.microbatch();
+    up.step = f.step;
+    up.mb = f.mb;
     up.grads.push_back(gradient_);
     v1::UpMessage out;
     CodecTimer timer(kEncode);
-    EncodeUpward(up, out.mutable_upward());
+    Codec().EncodeUpward(up, out.mutable_upward());
     return out;
   }
 
@@ -288,12 +292,12 @@ class GrpcLink {
     {
       CodecTimer timer(kEncode);
       down.mutable_header()->set_run_id("wire-bench");
-      v1::ForwardData* f = down.mutable_forward();
-      f->set_step(step);
-      f->set_microbatches(1);
-      f->set_learning_rate(0.1);
-      EncodeTensor(activation, f->mutable_input());
-      EncodeTensor(target, f->mutable_target());
+      ForwardMsg f;
+      f.step = step;
+      f.lr = 0.1;
+      f.input = activation;
+      f.target = target;
+      Codec().EncodeForward(f, 1, down.mutable_forward());
     }
     stream_->Send(std::move(down));
     v1::UpMessage up;
@@ -311,7 +315,7 @@ class GrpcLink {
       in_.pop_front();
     }
     std::optional<CodecTimer> timer(kDecode);
-    ASSIGN_OR_RETURN(UpwardMsg m, DecodeUpward(up.upward()));
+    ASSIGN_OR_RETURN(UpwardMsg m, Codec().DecodeUpward(up.upward()));
     if (m.step != step || m.grads.size() != 1) {
       return absl::InternalError(
           absl::StrCat("answer for step ", m.step, " with ", m.grads.size(),

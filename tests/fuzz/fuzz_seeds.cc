@@ -12,6 +12,7 @@
 #include "services/models.h"
 #include "services/trainer.h"
 #include "services/wire.h"
+#include "services/wire_codec.h"
 #include "tests/fuzz/checkpoint_model.h"
 #include "tests/fuzz/fuzz_case.pb.h"
 
@@ -189,7 +190,8 @@ void TensorSeeds(const std::string& dir) {
   m.reports.push_back({1, 0.5, 1, 2});
   m.timings.push_back({1, interlock::Phase::kBackward, 0.01});
   v1::UpwardData up;
-  interlock::EncodeUpward(m, &up);
+  interlock::WireCodec(interlock::Fp32Codec(), interlock::Fp32Codec())
+      .EncodeUpward(m, &up);
   Write(dir, index++, up.SerializeAsString());
 }
 

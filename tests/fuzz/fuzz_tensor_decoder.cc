@@ -1,5 +1,6 @@
 // libFuzzer target: the tensor decoder a worker runs on every tensor it
-// receives, alone (a Tensor message) and inside a gradient list (UpwardData).
+// receives, alone (a Tensor message) and inside a gradient list (UpwardData,
+// through the FP32 wire codec).
 // Whatever decodes must round-trip bit for bit.
 #include <google/protobuf/stubs/logging.h>
 
@@ -7,6 +8,7 @@
 
 #include "proto/worker.pb.h"
 #include "services/wire.h"
+#include "services/wire_codec.h"
 
 namespace {
 
@@ -32,6 +34,8 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   interlock::TensorLimits limits;
+  static const auto* codec =
+      new interlock::WireCodec(interlock::Fp32Codec(), interlock::Fp32Codec());
   {
     interlock::v1::Tensor wire;
     if (wire.ParseFromArray(data, static_cast<int>(size))) {
@@ -46,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     interlock::v1::UpwardData up;
     if (up.ParseFromArray(data, static_cast<int>(size))) {
-      auto m = interlock::DecodeUpward(up, limits);
+      auto m = codec->DecodeUpward(up, limits);
       if (m.ok()) {
         if (m->grads.size() != static_cast<size_t>(up.gradients_size())) {
           __builtin_trap();
@@ -55,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           CheckRoundTrip(up.gradients(static_cast<int>(i)), m->grads[i]);
         }
         interlock::v1::UpwardData again;
-        interlock::EncodeUpward(*m, &again);
+        codec->EncodeUpward(*m, &again);
       }
     }
   }

@@ -1,0 +1,122 @@
+// The wire codec: the one place engine messages (services/messages.h) become
+// the protobuf messages of proto/worker.proto and back, and the one place
+// that knows how many bytes a link's messages can take (DESIGN §2.5).
+//
+// A run chooses a TensorCodec per direction: activations travel down (with
+// block 0's input data), gradients travel up. Everything else in a message
+// is plain fields. FP32 (each tensor's raw values, dtype kept) is the only
+// format today; compressed formats plug in as further TensorCodecs, and the
+// in-process engine applies the same Transfer at every block boundary so
+// in-process == cluster stays bitwise whatever the codec.
+#ifndef INTERLOCK_SERVICES_WIRE_CODEC_H_
+#define INTERLOCK_SERVICES_WIRE_CODEC_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/config.pb.h"
+#include "proto/worker.pb.h"
+#include "services/data.h"
+#include "services/messages.h"
+#include "services/wire.h"
+
+namespace interlock {
+
+// How one direction's tensors travel. A codec may change floating-point
+// tensors only; integer tensors (token ids, targets) travel as they are.
+class TensorCodec {
+ public:
+  virtual ~TensorCodec() = default;
+  virtual absl::string_view name() const = 0;
+  virtual void Encode(const torch::Tensor& t,
+                      interlock::v1::Tensor* out) const = 0;
+  // Decodes with at least DecodeTensor's checks (dtype, rank and element
+  // caps, byte length); errors are INVALID_ARGUMENT naming `what`.
+  virtual absl::StatusOr<torch::Tensor> Decode(
+      const interlock::v1::Tensor& t, const std::string& what,
+      const TensorLimits& limits) const = 0;
+  // What the receiver gets of `t`: Decode(Encode(t)) in value, without the
+  // message where the codec allows (FP32: `t` itself).
+  virtual torch::Tensor Transfer(torch::Tensor t) const = 0;
+  // The most payload bytes Encode writes for `elements` values of `dtype`
+  // (the message's other fields are the caller's margin).
+  virtual int64_t MaxEncodedBytes(torch::ScalarType dtype,
+                                  int64_t elements) const = 0;
+};
+
+// FP32: raw little-endian values of the tensor's own dtype (today's wire).
+std::shared_ptr<const TensorCodec> Fp32Codec();
+
+class WireCodec {
+ public:
+  // The codecs `config` chooses for its links (today: FP32 both ways).
+  static absl::StatusOr<WireCodec> ForRun(
+      const interlock::v1::RunConfig& config);
+  WireCodec(std::shared_ptr<const TensorCodec> activations,
+            std::shared_ptr<const TensorCodec> gradients);
+
+  // Down: training micro-batches and evaluation batches. `microbatches` is
+  // the run's M, which every ForwardData names. Decoding checks the tensors
+  // as wire data; the schedule, shapes and values are the receiver's to
+  // check. Errors name `where`.
+  void EncodeForward(const ForwardMsg& m, int microbatches,
+                     interlock::v1::ForwardData* out) const;
+  absl::StatusOr<ForwardMsg> DecodeForward(const interlock::v1::ForwardData& d,
+                                           const std::string& where,
+                                           const TensorLimits& limits) const;
+  void EncodeEval(const EvalMsg& m, interlock::v1::EvalData* out) const;
+  absl::StatusOr<EvalMsg> DecodeEval(const interlock::v1::EvalData& d,
+                                     const std::string& where,
+                                     const TensorLimits& limits) const;
+
+  // Up: gradients, reports and timings; step completions; evaluations.
+  void EncodeUpward(const UpwardMsg& m, interlock::v1::UpwardData* out) const;
+  absl::StatusOr<UpwardMsg> DecodeUpward(const interlock::v1::UpwardData& d,
+                                         const TensorLimits& limits = {}) const;
+  void EncodeStepDone(const StepDone& d, interlock::v1::StepDone* out) const;
+  StepDone DecodeStepDone(const interlock::v1::StepDone& d) const;
+  void EncodeEvalResult(const EvalReport& r,
+                        interlock::v1::EvalResult* out) const;
+  EvalReport DecodeEvalResult(const interlock::v1::EvalResult& r) const;
+
+  // What the next block receives of a message crossing a link: the
+  // in-process engine applies these at every block boundary.
+  ForwardMsg Transfer(ForwardMsg m) const;
+  UpwardMsg Transfer(UpwardMsg m) const;
+  torch::Tensor TransferActivation(torch::Tensor t) const;
+
+  // The largest message any link of the run carries: a micro-batch's (or
+  // an evaluation batch's) input and targets, or the gradient list of the
+  // widest block, plus 1 MiB for the other fields. Channels and the
+  // workers' receive limits are set from it.
+  absl::StatusOr<int64_t> MaxMessageBytes(
+      const interlock::v1::RunConfig& config, const DataShape& shape) const;
+
+  const TensorCodec& activations() const { return *activations_; }
+  const TensorCodec& gradients() const { return *gradients_; }
+
+ private:
+  // A batch's input (activations) and targets, down.
+  void EncodeBatch(const torch::Tensor& input, const torch::Tensor& target,
+                   interlock::v1::Tensor* input_out,
+                   interlock::v1::Tensor* target_out) const;
+  absl::Status DecodeBatch(const interlock::v1::Tensor& input,
+                           const interlock::v1::Tensor& target,
+                           const std::string& where, const TensorLimits& limits,
+                           torch::Tensor* input_out,
+                           torch::Tensor* target_out) const;
+
+  std::shared_ptr<const TensorCodec> activations_;
+  std::shared_ptr<const TensorCodec> gradients_;
+  // Targets are labels: never compressed.
+  std::shared_ptr<const TensorCodec> targets_;
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_SERVICES_WIRE_CODEC_H_

@@ -1,0 +1,314 @@
+// WorkerCore: the messages of the block's two streams, from the upstream
+// sink and from the link to the next block, all on the host's executor.
+#include "absl/strings/str_cat.h"
+#include "services/config.h"
+#include "services/status_macros.h"
+#include "services/wire_codec.h"
+#include "worker/worker_core.h"
+#include "worker/worker_run.h"
+
+namespace interlock {
+
+void WorkerCore::Attach(std::shared_ptr<UpstreamSink> sink) {
+  std::shared_ptr<UpstreamSink> old;
+  {
+    std::lock_guard<std::mutex> l(sink_mu_);
+    old = std::move(sink_);
+    sink_ = std::move(sink);
+  }
+  if (old) old->Finish(absl::AbortedError("replaced by a newer stream"));
+}
+
+void WorkerCore::Detach(const UpstreamSink* sink) {
+  std::lock_guard<std::mutex> l(sink_mu_);
+  if (sink_.get() == sink) sink_.reset();
+}
+
+void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from,
+                             v1::DownMessage msg,
+                             std::function<void()> accepted) {
+  host_.Post([this, from = std::move(from), msg = std::move(msg),
+              accepted = std::move(accepted)]() mutable {
+    if (!run_) {
+      from->Finish(absl::FailedPreconditionError(
+          "stream: no block configured on this worker"));
+      return;
+    }
+    const auto& h = msg.header();
+    if (h.run_id() != run_->run_id || h.generation() != run_->generation) {
+      run_->metrics->rejected->Increment();
+      from->Finish(absl::FailedPreconditionError(
+          absl::StrCat("stream: the first message names run ",
+                       Quoted(h.run_id()), " generation ", h.generation(),
+                       ", not the run this worker is configured for")));
+      return;
+    }
+    // The same run and generation: a reconnect (the coordinator after a
+    // broken stream, block k-1 re-opening its link) takes over.
+    Attach(from);
+    accepted();
+    ProcessDown(from, std::move(msg));
+  });
+}
+
+void WorkerCore::OnDown(std::shared_ptr<UpstreamSink> from,
+                        v1::DownMessage msg) {
+  // Messages are processed even if their stream was replaced meanwhile: they
+  // were delivered, and the driver's checks refuse anything stale.
+  host_.Post([this, from = std::move(from), msg = std::move(msg)]() mutable {
+    ProcessDown(from, std::move(msg));
+  });
+}
+
+void WorkerCore::OnDownClosed(std::shared_ptr<UpstreamSink> from) {
+  host_.Post([from = std::move(from)] { from->Finish(absl::OkStatus()); });
+}
+
+void WorkerCore::ProcessDown(const std::shared_ptr<UpstreamSink>& from,
+                             v1::DownMessage msg) {
+  if (run_) run_->metrics->received_down_bytes->Increment(msg.ByteSizeLong());
+  Run* before = run_.get();
+  const int64_t seen = before ? before->nonfinite_seen : 0;
+  absl::Status s = HandleDown(std::move(msg));
+  if (!s.ok()) {
+    // A stop by this block's non-finite policy is not a refused message.
+    const bool own =
+        run_ && run_.get() == before && run_->nonfinite_seen > seen;
+    if (run_ && !own) run_->metrics->rejected->Increment();
+    from->Finish(s);
+  }
+}
+
+absl::Status WorkerCore::HandleDown(v1::DownMessage msg) {
+  if (!run_) {
+    return absl::FailedPreconditionError("worker: no block configured");
+  }
+  const auto& h = msg.header();
+  if (h.run_id() != run_->run_id || h.generation() != run_->generation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block ", run_->block, ": message for run ",
+                     Quoted(h.run_id()), " generation ", h.generation(),
+                     ", not the run this worker is configured for"));
+  }
+  if (h.route().block() != run_->block || h.route().replica() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", run_->block, ": message routed to block ",
+                     h.route().block(), " replica ", h.route().replica()));
+  }
+  if (run_->failed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", run_->block, ": the run failed; reconfigure to continue"));
+  }
+  switch (msg.kind_case()) {
+    case v1::DownMessage::kForward:
+      return HandleForward(msg.forward());
+    case v1::DownMessage::kEval:
+      return HandleEval(msg.eval());
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", run_->block, ": empty down message"));
+  }
+}
+
+absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
+  Run& r = *run_;
+  const std::string where = absl::StrCat("block ", r.block, " step ", f.step(),
+                                         " micro-batch ", f.microbatch());
+  if (f.microbatches() != r.microbatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": microbatches ", f.microbatches(),
+                     ", the run uses ", r.microbatches));
+  }
+  if (f.microbatch() < 0 || f.microbatch() >= r.microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": micro-batch index outside [0, ", r.microbatches, ")"));
+  }
+  if (f.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
+  }
+  // Before anything changes: a rate LibTorch cannot apply would otherwise
+  // fail the block's optimizer step, and every step after it.
+  RETURN_IF_ERROR(CheckLearningRate(f.learning_rate(), where));
+  if (r.driver->Seen(f.step(), f.microbatch())) {
+    // A repeat (a coordinator resending after a broken stream): applying
+    // it again would count its gradient twice. Acknowledge it instead.
+    v1::UpMessage ack;
+    ack.mutable_duplicate()->set_block(r.block);
+    ack.mutable_duplicate()->set_step(f.step());
+    ack.mutable_duplicate()->set_microbatch(f.microbatch());
+    SendUp(std::move(ack));
+    return absl::OkStatus();
+  }
+  // What the run's window allows to be queued (see DoConfigure); more is
+  // a client growing the worker's memory.
+  const int64_t current = r.driver->current_step();
+  if (f.step() > current + r.max_steps_ahead) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": more than ", r.max_steps_ahead,
+                     " steps ahead of the block (at step ", current, ", with ",
+                     r.window, " micro-batches in flight)"));
+  }
+  // The forward the block runs next is always taken: it drains the queue.
+  if (!r.driver->RunsNext(f.step(), f.microbatch()) &&
+      static_cast<int64_t>(r.driver->queued()) >= r.max_queued) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        where, ": ", r.driver->queued(),
+        " forwards already wait for their turn, the most a window of ",
+        r.window, " micro-batches allows"));
+  }
+  ASSIGN_OR_RETURN(ForwardMsg m,
+                   r.codec.DecodeForward(f, where, options_.limits));
+  RETURN_IF_ERROR(ExpectTensor(m.input, r.input_dtype,
+                               WithBatch(r.mb_size, r.sample_shape),
+                               where + " input"));
+  RETURN_IF_ERROR(r.CheckFinite(m.input, where + " input"));
+  RETURN_IF_ERROR(ExpectTensor(m.target, torch::kInt64,
+                               WithBatch(r.mb_size, r.target_shape),
+                               where + " target"));
+  if (m.target.numel() > 0 && (m.target.min().item<int64_t>() < 0 ||
+                               m.target.max().item<int64_t>() >= r.classes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": target values outside [0, ", r.classes, ")"));
+  }
+  absl::Status s = r.driver->OnForward(std::move(m));
+  r.SyncNonFinite();
+  return s;
+}
+
+absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
+  Run& r = *run_;
+  const std::string where =
+      absl::StrCat("block ", r.block, " eval batch ", e.batch());
+  ASSIGN_OR_RETURN(EvalMsg m, r.codec.DecodeEval(e, where, options_.limits));
+  const int64_t b = m.input.dim() > 0 ? m.input.size(0) : 0;
+  if (b < 1 || b > r.eval_batch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": batch of ", b, " samples, expected 1..", r.eval_batch));
+  }
+  RETURN_IF_ERROR(ExpectTensor(m.input, r.input_dtype,
+                               WithBatch(b, r.sample_shape), where + " input"));
+  RETURN_IF_ERROR(r.CheckFinite(m.input, where + " input"));
+  RETURN_IF_ERROR(ExpectTensor(m.target, torch::kInt64,
+                               WithBatch(b, r.target_shape),
+                               where + " target"));
+  ASSIGN_OR_RETURN(EvalResult res, host_.Evaluate(m, where));
+  v1::UpMessage up;
+  const bool head = !res.loss.empty();
+  const EvalReport report{m.batch,
+                          r.block,
+                          head,
+                          head ? res.loss[0] : 0.0,
+                          head ? res.correct[0] : 0,
+                          res.count};
+  r.codec.EncodeEvalResult(report, up.mutable_eval());
+  SendUp(std::move(up));
+  if (r.block + 1 < r.num_blocks) {
+    v1::DownMessage down;
+    SetHeader(r.run_id, r.generation, r.block + 1, &down);
+    m.input = std::move(res.output);
+    m.nonfinite = res.output_nonfinite;
+    r.codec.EncodeEval(m, down.mutable_eval());
+    SendDown(std::move(down));
+  }
+  return absl::OkStatus();
+}
+
+void WorkerCore::HandleUp(uint64_t link_id, v1::UpMessage msg) {
+  if (!run_ || run_->link_id != link_id) return;  // an old run's link
+  Run& r = *run_;
+  r.metrics->received_up_bytes->Increment(msg.ByteSizeLong());
+  if (msg.kind_case() != v1::UpMessage::kUpward) {
+    SendUp(std::move(msg));  // step reports, eval results, failures
+    return;
+  }
+  bool own_failure = false;
+  absl::Status s = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(UpwardMsg up,
+                     r.codec.DecodeUpward(msg.upward(), options_.limits));
+    for (size_t i = 0; i < up.grads.size(); ++i) {
+      const std::string what =
+          absl::StrCat("block ", r.block, " step ", up.step, " micro-batch ",
+                       up.mb, " gradient ", i, " from block ", r.block + 1);
+      RETURN_IF_ERROR(ExpectTensor(up.grads[i], torch::kFloat32,
+                                   WithBatch(r.mb_size, r.output_shape), what));
+      RETURN_IF_ERROR(r.CheckFinite(up.grads[i], what));
+    }
+    const int64_t before = r.driver->trainer().nonfinite_count();
+    absl::Status st = r.driver->OnUpward(std::move(up));
+    r.SyncNonFinite();
+    if (!st.ok() && r.driver->trainer().nonfinite_count() > before) {
+      own_failure = true;  // this block's policy stopped the run
+    }
+    return st;
+  }();
+  if (!s.ok() && own_failure) {
+    FailRun(r.block, "", s);
+  } else if (!s.ok()) {
+    r.metrics->rejected->Increment();
+    FailRun(r.block + 1, r.next_address, s);
+  }
+}
+
+void WorkerCore::HandleLinkDone(uint64_t link_id, absl::Status status) {
+  if (!run_ || run_->link_id != link_id || run_->failed) return;
+  if (status.ok()) {
+    status = absl::UnavailableError("stream to the next block ended");
+  }
+  FailRun(run_->block + 1, run_->next_address, status);
+}
+
+void WorkerCore::FailRun(int block, const std::string& address,
+                         const absl::Status& s) {
+  if (run_) run_->failed = true;
+  v1::UpMessage up;
+  auto* f = up.mutable_failure();
+  f->set_block(block);
+  f->set_address(address);
+  f->set_code(static_cast<int>(s.code()));
+  f->set_message(std::string(s.message()));
+  SendUp(std::move(up));
+  std::shared_ptr<UpstreamSink> sink;
+  {
+    std::lock_guard<std::mutex> l(sink_mu_);
+    sink = sink_;
+  }
+  if (sink) {
+    sink->Finish(absl::Status(
+        s.code(), absl::StrCat("block ", block,
+                               address.empty() ? "" : " (" + address + ")",
+                               ": ", s.message())));
+  }
+}
+
+void WorkerCore::SendUp(v1::UpMessage msg) {
+  std::shared_ptr<UpstreamSink> sink;
+  {
+    std::lock_guard<std::mutex> l(sink_mu_);
+    sink = sink_;
+  }
+  if (!sink) return;  // nobody upstream: the coordinator will notice
+  if (run_) run_->metrics->sent_up_bytes->Increment(msg.ByteSizeLong());
+  sink->Send(std::move(msg));
+}
+
+void WorkerCore::SendDown(v1::DownMessage msg) {
+  Run& r = *run_;
+  if (!r.link) {
+    const uint64_t id = next_link_id_++;
+    r.link_id = id;
+    r.link = link_factory_(
+        r.next_address, r.max_message_bytes,
+        [this, id](v1::UpMessage m) {
+          host_.Post([this, id, m = std::move(m)]() mutable {
+            HandleUp(id, std::move(m));
+          });
+        },
+        [this, id](absl::Status s) {
+          host_.Post([this, id, s] { HandleLinkDone(id, s); });
+        });
+  }
+  r.metrics->sent_down_bytes->Increment(msg.ByteSizeLong());
+  r.link->Send(std::move(msg));
+}
+
+}  // namespace interlock
