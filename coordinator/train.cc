@@ -12,6 +12,7 @@
 #include "coordinator/run_state.h"
 #include "services/config.h"
 #include "services/status_macros.h"
+#include "services/wire_codec.h"
 
 namespace interlock {
 namespace {
@@ -139,10 +140,11 @@ class Runner {
         while (in_flight_ >= plan.window()) RETURN_IF_ERROR(HandleNext());
         auto [x, y] = data_.train->Gather(plan.Samples(s, mb));
         if (!s_.clock.started()) {
-          RETURN_IF_ERROR(s_.clock.Start(c_, data_.shape, k_, plan.window(),
-                                         x.size(0),
-                                         static_cast<int64_t>(x.nbytes()),
-                                         static_cast<int64_t>(y.nbytes())));
+          ASSIGN_OR_RETURN(const WireCodec codec, WireCodec::ForRun(c_));
+          RETURN_IF_ERROR(s_.clock.Start(
+              c_, data_.shape, k_, plan.window(), x.size(0),
+              codec.activations().MaxEncodedBytes(x.scalar_type(), x.numel()),
+              static_cast<int64_t>(y.nbytes())));
         }
         ForwardMsg msg;
         msg.step = s;
