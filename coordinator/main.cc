@@ -26,7 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "coordinator/compare.h"
 #include "coordinator/local_cluster.h"
-#include "coordinator/simulate.h"
+#include "analysis/simulate.h"
 #include "coordinator/train.h"
 #include "services/config.h"
 #include "services/runtime.h"

@@ -14,23 +14,23 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/checked_write.h"
+#include "analysis/run_files.h"
+#include "analysis/timeline.h"
 #include "coordinator/checkpoint.h"
 #include "coordinator/cluster_engine.h"
 #include "coordinator/inprocess_engine.h"
-#include "coordinator/json.h"
 #include "coordinator/local_cluster.h"
 #include "coordinator/metrics.h"
 #include "coordinator/progress.h"
 #include "coordinator/run_checkpoints.h"
-#include "coordinator/run_files.h"
-#include "coordinator/timeline.h"
+#include "coordinator/run_report.h"
 #include "services/config.h"
 #include "services/data.h"
 #include "services/digest.h"
@@ -124,7 +124,7 @@ class Runner {
         // are recorded again.
         int64_t dropped = 0;
         int64_t last_kept = -1;
-        RETURN_IF_ERROR(CutJsonLines(path, [&](int64_t step) {
+        RETURN_IF_ERROR(CutMetricsLines(path, [&](int64_t step) {
           if (step < start_step_) {
             last_kept = std::max(last_kept, step);
             return true;
@@ -135,13 +135,9 @@ class Runner {
         acc_.microbatches_replayed += dropped * t.microbatches();
         RETURN_IF_ERROR(metrics_.Open(path, /*append=*/true));
         for (const auto& line : pending_metrics_) {
-          constexpr char kStep[] = "{\"step\":";
-          const size_t comma = line.find(',');
-          int64_t step = -1;
-          if (line.rfind(kStep, 0) != 0 || comma == std::string::npos ||
-              !absl::SimpleAtoi(line.substr(8, comma - 8), &step)) {
-            continue;
-          }
+          auto parsed = ParseMetricsLine(line);
+          if (!parsed.ok()) continue;
+          const auto step = static_cast<int64_t>(parsed->step());
           if (step > last_kept && step < start_step_) {
             RETURN_IF_ERROR(metrics_.Append(line));
           }
@@ -767,14 +763,14 @@ class Runner {
   std::string MetricsLine(int64_t s, const StepAgg& agg, double virt) {
     const double samples =
         static_cast<double>(c_.training().batch_size()) * (s + 1);
-    const double sps = agg.wall > 0 ? samples / agg.wall : 0.0;
-    std::vector<std::string> ls;
-    for (double l : MeanLosses(agg)) ls.push_back(JsonNumber(l));
-    return absl::StrCat(
-        "{\"step\":", s, ",\"wall_seconds\":", JsonNumber(agg.wall),
-        ",\"virtual_seconds\":", JsonNumber(virt),
-        ",\"lr\":", JsonNumber(lrs_[s]), ",\"loss\":[", absl::StrJoin(ls, ","),
-        "],\"samples_per_second\":", JsonNumber(sps), "}");
+    v1::MetricsLine line;
+    line.set_step(static_cast<double>(s));
+    line.set_wall_seconds(agg.wall);
+    line.set_virtual_seconds(virt);
+    line.set_lr(lrs_[s]);
+    for (double l : MeanLosses(agg)) line.add_loss(l);
+    line.set_samples_per_second(agg.wall > 0 ? samples / agg.wall : 0.0);
+    return JsonLine(line);
   }
 
   absl::Status EmitStep(int64_t s, const StepAgg& agg) {
@@ -850,17 +846,8 @@ class Runner {
       if (o_.dump_params) {
         for (const auto* part : {&states[k].block, &states[k].head}) {
           for (const auto& [name, t] : *part) {
-            auto flat = t.detach().to(torch::kFloat64).contiguous().view({-1});
-            std::vector<std::string> vals;
-            for (int64_t i = 0; i < flat.numel(); ++i) {
-              vals.push_back(JsonNumber(flat[i].item<double>()));
-            }
-            std::vector<std::string> dims;
-            for (int64_t d : t.sizes()) dims.push_back(absl::StrCat(d));
-            absl::StrAppend(&result.params_json, "{\"name\":",
-                            JsonString(absl::StrCat("block", k, ".", name)),
-                            ",\"shape\":[", absl::StrJoin(dims, ","),
-                            "],\"values\":[", absl::StrJoin(vals, ","), "]}\n");
+            AppendParamDump(absl::StrCat("block", k, ".", name), t,
+                            &result.params_json);
           }
         }
       }
@@ -873,75 +860,11 @@ class Runner {
   // Every file is built in memory and written with every write and the
   // close checked: a full disk fails the run, naming the file.
   absl::Status WriteFiles(const TrainResult& r) {
-    std::ostringstream ev;
-    for (const auto& e : r.evals) {
-      for (const auto& h : e.heads) {
-        ev << "{\"step\":" << e.step
-           << ",\"wall_seconds\":" << JsonNumber(e.wall_seconds)
-           << ",\"virtual_seconds\":" << JsonNumber(e.virtual_seconds)
-           << ",\"block\":" << h.block
-           << ",\"head\":" << (h.final ? "\"final\"" : "\"aux\"")
-           << ",\"loss\":" << JsonNumber(h.loss)
-           << ",\"accuracy\":" << JsonNumber(h.accuracy)
-           << ",\"perplexity\":" << JsonNumber(h.perplexity) << "}\n";
-      }
-    }
-    RETURN_IF_ERROR(WriteFileChecked(o_.out_dir + "/eval.jsonl", ev.str()));
-    std::ostringstream sm;
-    const auto& t = c_.training();
-    sm << "{\n  \"name\": " << JsonString(c_.name())
-       << ",\n  \"mode\": " << JsonString(ModeName(c_))
-       << ",\n  \"blocks\": " << k_ << ",\n  \"n\": " << t.n()
-       << ",\n  \"microbatches\": " << t.microbatches()
-       << ",\n  \"batch_size\": " << t.batch_size()
-       << ",\n  \"seed\": " << t.seed() << ",\n  \"steps\": " << r.steps
-       << ",\n  \"skipped_steps\": [" << absl::StrJoin(r.skipped_steps, ", ")
-       << "]"
-       << ",\n  \"wall_seconds\": " << JsonNumber(r.wall_seconds)
-       << ",\n  \"virtual_seconds\": " << JsonNumber(r.virtual_seconds)
-       << ",\n  \"mean_step_seconds\": {\"wall\": "
-       << JsonNumber(r.mean_step_wall)
-       << ", \"virtual\": " << JsonNumber(r.mean_step_virtual) << "}"
-       << ",\n  \"utilisation\": " << JsonNumber(r.utilisation)
-       << ",\n  \"busy_ratio\": [";
-    for (size_t k = 0; k < r.busy_ratio.size(); ++k) {
-      sm << (k ? ", " : "") << JsonNumber(r.busy_ratio[k]);
-    }
-    sm << "],\n  \"eval\": [";
-    for (size_t i = 0; i < r.eval.size(); ++i) {
-      const auto& h = r.eval[i];
-      sm << (i ? ", " : "") << "{\"block\": " << h.block
-         << ", \"head\": " << (h.final ? "\"final\"" : "\"aux\"")
-         << ", \"loss\": " << JsonNumber(h.loss)
-         << ", \"accuracy\": " << JsonNumber(h.accuracy)
-         << ", \"perplexity\": " << JsonNumber(h.perplexity) << "}";
-    }
-    sm << "],\n  \"digests\": [";
-    for (size_t k = 0; k < r.block_digests.size(); ++k) {
-      sm << (k ? ", " : "") << "{\"block\": " << k
-         << ", \"params\": " << JsonString(r.block_digests[k])
-         << ", \"head\": " << JsonString(r.head_digests[k]) << "}";
-    }
-    const Accounting& a = r.accounting;
-    std::vector<std::string> bad;
-    for (int64_t s : a.steps_not_exactly_once) bad.push_back(absl::StrCat(s));
-    sm << "],\n  \"digest\": " << JsonString(r.digest)
-       << ",\n  \"accounting\": {\"microbatches_per_step\": "
-       << a.microbatches_per_step
-       << ", \"microbatches_applied\": " << a.microbatches_applied
-       << ", \"block_steps\": " << a.block_steps
-       << ", \"steps_not_exactly_once\": [" << absl::StrJoin(bad, ", ")
-       << "], \"recoveries\": " << a.recoveries
-       << ", \"microbatches_replayed\": " << a.microbatches_replayed
-       << ", \"duplicates_acknowledged\": " << a.duplicates_acknowledged
-       << ", \"resumed_from_step\": " << a.resumed_from_step
-       << ", \"checkpoints\": " << a.checkpoints << "}\n}\n";
     RETURN_IF_ERROR(
-        WriteFileChecked(o_.out_dir + "/summary.json.tmp", sm.str()));
-    std::error_code ec;
-    std::filesystem::rename(o_.out_dir + "/summary.json.tmp",
-                            o_.out_dir + "/summary.json", ec);
-    if (ec) return absl::DataLossError(ec.message());
+        WriteEval(o_.out_dir + "/eval.jsonl", EvalLinesOf(r.evals)));
+    RETURN_IF_ERROR(WriteSummary(o_.out_dir + "/summary.json",
+                                 SummaryOf(c_, ModeName(c_), k_, r)));
+    const auto& t = c_.training();
     if (!clock_ || r.steps <= clock_base_) return absl::OkStatus();
     RunInfo info;
     info.name = c_.name();

@@ -1,0 +1,100 @@
+#include "coordinator/run_report.h"
+
+#include <torch/torch.h>
+
+#include "analysis/run_files.h"
+
+namespace interlock {
+namespace {
+
+using interlock::v1::EvalLine;
+using interlock::v1::HeadMetrics;
+using interlock::v1::RunSummary;
+
+const char* HeadName(const HeadResult& h) { return h.final ? "final" : "aux"; }
+
+// int64 counts as report.proto's doubles (JSON numbers, exact below 2^53).
+double Count(int64_t n) { return static_cast<double>(n); }
+
+}  // namespace
+
+RunSummary SummaryOf(const v1::RunConfig& config, const std::string& mode,
+                     int blocks, const TrainResult& r) {
+  const auto& t = config.training();
+  RunSummary s;
+  s.set_name(config.name());
+  s.set_mode(mode);
+  s.set_blocks(blocks);
+  s.set_n(t.n());
+  s.set_microbatches(t.microbatches());
+  s.set_batch_size(t.batch_size());
+  s.set_seed(static_cast<double>(t.seed()));
+  s.set_steps(Count(r.steps));
+  for (int64_t n : r.skipped_steps) s.add_skipped_steps(Count(n));
+  s.set_wall_seconds(r.wall_seconds);
+  s.set_virtual_seconds(r.virtual_seconds);
+  s.mutable_mean_step_seconds()->set_wall(r.mean_step_wall);
+  s.mutable_mean_step_seconds()->set_virtual_(r.mean_step_virtual);
+  s.set_utilisation(r.utilisation);
+  for (double b : r.busy_ratio) s.add_busy_ratio(b);
+  for (const HeadResult& h : r.eval) {
+    HeadMetrics* m = s.add_eval();
+    m->set_block(h.block);
+    m->set_head(HeadName(h));
+    m->set_loss(h.loss);
+    m->set_accuracy(h.accuracy);
+    m->set_perplexity(h.perplexity);
+  }
+  for (size_t k = 0; k < r.block_digests.size(); ++k) {
+    v1::BlockDigest* d = s.add_digests();
+    d->set_block(static_cast<int>(k));
+    d->set_params(r.block_digests[k]);
+    d->set_head(r.head_digests[k]);
+  }
+  s.set_digest(r.digest);
+  const Accounting& a = r.accounting;
+  v1::RunAccounting* out = s.mutable_accounting();
+  out->set_microbatches_per_step(Count(a.microbatches_per_step));
+  out->set_microbatches_applied(Count(a.microbatches_applied));
+  out->set_block_steps(Count(a.block_steps));
+  for (int64_t step : a.steps_not_exactly_once) {
+    out->add_steps_not_exactly_once(Count(step));
+  }
+  out->set_recoveries(Count(a.recoveries));
+  out->set_microbatches_replayed(Count(a.microbatches_replayed));
+  out->set_duplicates_acknowledged(Count(a.duplicates_acknowledged));
+  out->set_resumed_from_step(Count(a.resumed_from_step));
+  out->set_checkpoints(Count(a.checkpoints));
+  return s;
+}
+
+std::vector<EvalLine> EvalLinesOf(const std::vector<EvalPoint>& evals) {
+  std::vector<EvalLine> out;
+  for (const EvalPoint& e : evals) {
+    for (const HeadResult& h : e.heads) {
+      EvalLine& l = out.emplace_back();
+      l.set_step(Count(e.step));
+      l.set_wall_seconds(e.wall_seconds);
+      l.set_virtual_seconds(e.virtual_seconds);
+      l.set_block(h.block);
+      l.set_head(HeadName(h));
+      l.set_loss(h.loss);
+      l.set_accuracy(h.accuracy);
+      l.set_perplexity(h.perplexity);
+    }
+  }
+  return out;
+}
+
+void AppendParamDump(const std::string& name, const at::Tensor& tensor,
+                     std::string* out) {
+  v1::ParamDump dump;
+  dump.set_name(name);
+  for (int64_t d : tensor.sizes()) dump.add_shape(static_cast<int32_t>(d));
+  const auto flat = tensor.detach().to(torch::kFloat64).contiguous().view({-1});
+  const double* values = flat.data_ptr<double>();
+  dump.mutable_values()->Add(values, values + flat.numel());
+  absl::StrAppend(out, JsonLine(dump), "\n");
+}
+
+}  // namespace interlock
