@@ -60,6 +60,18 @@ absl::StatusOr<std::vector<Line>> ReadLines(const std::string& path) {
   return out;
 }
 
+// A whole file of one JSON object; INVALID_ARGUMENT naming the path for one
+// that is not a `Message`.
+template <typename Message>
+absl::StatusOr<Message> ReadJsonFile(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadText(path));
+  Message message;
+  if (auto st = ParseJson(text, &message); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.message()));
+  }
+  return message;
+}
+
 }  // namespace
 
 std::string JsonLine(const google::protobuf::Message& message) {
@@ -137,12 +149,7 @@ absl::Status WriteSummary(const std::string& path, const RunSummary& summary) {
 }
 
 absl::StatusOr<RunSummary> ReadSummary(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string text, ReadText(path));
-  RunSummary summary;
-  if (auto st = ParseJson(text, &summary); !st.ok()) {
-    return absl::DataLossError(absl::StrCat(path, ": ", st.message()));
-  }
-  return summary;
+  return ReadJsonFile<RunSummary>(path);
 }
 
 absl::Status WriteProfileFile(const std::string& path,
@@ -151,12 +158,7 @@ absl::Status WriteProfileFile(const std::string& path,
 }
 
 absl::StatusOr<RunProfile> ReadProfileFile(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string text, ReadText(path));
-  RunProfile profile;
-  if (auto st = ParseJson(text, &profile); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.message()));
-  }
-  return profile;
+  return ReadJsonFile<RunProfile>(path);
 }
 
 }  // namespace interlock

@@ -51,6 +51,8 @@ absl::Status WriteEval(const std::string& path,
 // of it.
 absl::Status WriteSummary(const std::string& path,
                           const interlock::v1::RunSummary& summary);
+// NOT_FOUND for a file that cannot be read, INVALID_ARGUMENT naming the path
+// for one that does not parse as a summary.
 absl::StatusOr<interlock::v1::RunSummary> ReadSummary(const std::string& path);
 
 absl::Status WriteProfileFile(const std::string& path,
