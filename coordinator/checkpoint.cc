@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "coordinator/run_files.h"
+#include "analysis/checked_write.h"
 #include "google/protobuf/text_format.h"
 #include "services/digest.h"
 #include "services/status_macros.h"

@@ -1,7 +1,6 @@
 // `interlock compare`: trains several modes of one config on the same data
-// order and seed, each into DIR/<mode>/, then writes DIR/report.md (a table of
-// steps, step times on the wall and virtual clocks, utilisation and the final
-// test metric of every head) and PNG plots drawn with gnuplot.
+// order and seed, each into DIR/<mode>/, then has the report and plots
+// written from their run files (analysis/compare_report.h).
 #ifndef INTERLOCK_COORDINATOR_COMPARE_H_
 #define INTERLOCK_COORDINATOR_COMPARE_H_
 

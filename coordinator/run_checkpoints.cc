@@ -1,14 +1,11 @@
 #include "coordinator/run_checkpoints.h"
 
 #include <filesystem>
-#include <fstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "coordinator/run_files.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "services/status_macros.h"
 
@@ -123,44 +120,6 @@ absl::Status Restore(Engine& engine, const Checkpoint& c) {
                      " blocks, the run ", engine.num_blocks()));
   }
   return engine.LoadState(c.manifest.step(), c.blocks);
-}
-
-absl::Status CutJsonLines(const std::string& path,
-                          const std::function<bool(int64_t)>& keep) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return absl::OkStatus();
-  // A device would be read forever (/dev/zero) or not at all.
-  if (!fs::is_regular_file(path, ec)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": not a regular file; cannot continue it"));
-  }
-  std::ifstream in(path);
-  if (!in) {
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot be read"));
-  }
-  const std::string temp = path + ".tmp";
-  std::string out;
-  constexpr char kStep[] = "{\"step\":";
-  std::string line;
-  while (std::getline(in, line)) {
-    // Lines cut short by a crash are dropped.
-    if (line.rfind(kStep, 0) != 0 || line.back() != '}') continue;
-    const size_t start = sizeof(kStep) - 1;
-    const size_t end = line.find_first_of(",}", start);
-    int64_t step = 0;
-    if (end == std::string::npos ||
-        !absl::SimpleAtoi(line.substr(start, end - start), &step)) {
-      continue;
-    }
-    if (keep(step)) absl::StrAppend(&out, line, "\n");
-  }
-  if (in.bad()) {
-    return absl::DataLossError(absl::StrCat(path, ": read error"));
-  }
-  RETURN_IF_ERROR(WriteFileChecked(temp, out));
-  fs::rename(temp, path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
-  return absl::OkStatus();
 }
 
 }  // namespace interlock

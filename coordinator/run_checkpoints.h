@@ -5,7 +5,6 @@
 #ifndef INTERLOCK_COORDINATOR_RUN_CHECKPOINTS_H_
 #define INTERLOCK_COORDINATOR_RUN_CHECKPOINTS_H_
 
-#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -60,13 +59,6 @@ absl::Status CheckSameRun(const interlock::v1::CheckpointManifest& manifest,
 
 // Restores every block of `engine` from `checkpoint`.
 absl::Status Restore(Engine& engine, const Checkpoint& checkpoint);
-
-// Keeps the lines of a JSON-lines report whose leading "step" satisfies
-// `keep` (the file is rewritten through a temporary and a rename). A
-// missing file is fine; one that is not a regular file (a device, a folder)
-// is refused.
-absl::Status CutJsonLines(const std::string& path,
-                          const std::function<bool(int64_t)>& keep);
 
 }  // namespace interlock
 

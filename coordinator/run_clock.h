@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "coordinator/virtual_clock.h"
+#include "analysis/virtual_clock.h"
 #include "proto/config.pb.h"
 #include "services/data.h"
 

@@ -1,26 +1,110 @@
 #include "coordinator/run_report.h"
 
-#include <filesystem>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "coordinator/json.h"
-#include "coordinator/run_files.h"
-#include "coordinator/timeline.h"
+#include "analysis/run_files.h"
+#include "analysis/timeline.h"
 #include "services/digest.h"
 #include "services/status_macros.h"
 
 namespace interlock {
+namespace {
 
-using interlock::v1::RunConfig;
-using interlock::v1::TrainingSpec;
+using interlock::v1::EvalLine;
+using interlock::v1::HeadMetrics;
+using interlock::v1::RunSummary;
 
-std::string ModeName(const RunConfig& c) {
+const char* HeadName(const HeadResult& h) { return h.final ? "final" : "aux"; }
+
+// int64 counts as report.proto's doubles (JSON numbers, exact below 2^53).
+double Count(int64_t n) { return static_cast<double>(n); }
+
+}  // namespace
+
+RunSummary SummaryOf(const v1::RunConfig& config, const std::string& mode,
+                     int blocks, const TrainResult& r) {
+  const auto& t = config.training();
+  RunSummary s;
+  s.set_name(config.name());
+  s.set_mode(mode);
+  s.set_blocks(blocks);
+  s.set_n(t.n());
+  s.set_microbatches(t.microbatches());
+  s.set_batch_size(t.batch_size());
+  s.set_seed(static_cast<double>(t.seed()));
+  s.set_steps(Count(r.steps));
+  for (int64_t n : r.skipped_steps) s.add_skipped_steps(Count(n));
+  s.set_wall_seconds(r.wall_seconds);
+  s.set_virtual_seconds(r.virtual_seconds);
+  s.mutable_mean_step_seconds()->set_wall(r.mean_step_wall);
+  s.mutable_mean_step_seconds()->set_virtual_(r.mean_step_virtual);
+  s.set_utilisation(r.utilisation);
+  for (double b : r.busy_ratio) s.add_busy_ratio(b);
+  for (const HeadResult& h : r.eval) {
+    HeadMetrics* m = s.add_eval();
+    m->set_block(h.block);
+    m->set_head(HeadName(h));
+    m->set_loss(h.loss);
+    m->set_accuracy(h.accuracy);
+    m->set_perplexity(h.perplexity);
+  }
+  for (size_t k = 0; k < r.block_digests.size(); ++k) {
+    v1::BlockDigest* d = s.add_digests();
+    d->set_block(static_cast<int>(k));
+    d->set_params(r.block_digests[k]);
+    d->set_head(r.head_digests[k]);
+  }
+  s.set_digest(r.digest);
+  const Accounting& a = r.accounting;
+  v1::RunAccounting* out = s.mutable_accounting();
+  out->set_microbatches_per_step(Count(a.microbatches_per_step));
+  out->set_microbatches_applied(Count(a.microbatches_applied));
+  out->set_block_steps(Count(a.block_steps));
+  for (int64_t step : a.steps_not_exactly_once) {
+    out->add_steps_not_exactly_once(Count(step));
+  }
+  out->set_recoveries(Count(a.recoveries));
+  out->set_microbatches_replayed(Count(a.microbatches_replayed));
+  out->set_duplicates_acknowledged(Count(a.duplicates_acknowledged));
+  out->set_resumed_from_step(Count(a.resumed_from_step));
+  out->set_checkpoints(Count(a.checkpoints));
+  return s;
+}
+
+std::vector<EvalLine> EvalLinesOf(const std::vector<EvalPoint>& evals) {
+  std::vector<EvalLine> out;
+  for (const EvalPoint& e : evals) {
+    for (const HeadResult& h : e.heads) {
+      EvalLine& l = out.emplace_back();
+      l.set_step(Count(e.step));
+      l.set_wall_seconds(e.wall_seconds);
+      l.set_virtual_seconds(e.virtual_seconds);
+      l.set_block(h.block);
+      l.set_head(HeadName(h));
+      l.set_loss(h.loss);
+      l.set_accuracy(h.accuracy);
+      l.set_perplexity(h.perplexity);
+    }
+  }
+  return out;
+}
+
+void AppendParamDump(const std::string& name, const torch::Tensor& tensor,
+                     std::string* out) {
+  v1::ParamDump dump;
+  dump.set_name(name);
+  for (int64_t d : tensor.sizes()) dump.add_shape(static_cast<int32_t>(d));
+  const auto flat = tensor.detach().to(torch::kFloat64).contiguous().view({-1});
+  const double* values = flat.data_ptr<double>();
+  dump.mutable_values()->Add(values, values + flat.numel());
+  absl::StrAppend(out, JsonLine(dump), "\n");
+}
+
+std::string ModeName(const v1::RunConfig& c) {
   const auto& t = c.training();
-  if (t.mode() == TrainingSpec::E2E) return "e2e";
+  if (t.mode() == v1::TrainingSpec::E2E) return "e2e";
   return absl::StrCat(t.n(), "-way ",
-                      t.rule() == TrainingSpec::SUM ? "sum" : "furthest");
+                      t.rule() == v1::TrainingSpec::SUM ? "sum" : "furthest");
 }
 
 absl::Status DigestState(Engine& engine, bool dump_params,
@@ -33,21 +117,11 @@ absl::Status DigestState(Engine& engine, bool dump_params,
         states[k].head.empty() ? "" : DigestTensors(states[k].head));
     all.push_back(result.block_digests.back());
     all.push_back(result.head_digests.back());
-    if (dump_params) {
-      for (const auto* part : {&states[k].block, &states[k].head}) {
-        for (const auto& [name, t] : *part) {
-          auto flat = t.detach().to(torch::kFloat64).contiguous().view({-1});
-          std::vector<std::string> vals;
-          for (int64_t i = 0; i < flat.numel(); ++i) {
-            vals.push_back(JsonNumber(flat[i].item<double>()));
-          }
-          std::vector<std::string> dims;
-          for (int64_t d : t.sizes()) dims.push_back(absl::StrCat(d));
-          absl::StrAppend(&result.params_json, "{\"name\":",
-                          JsonString(absl::StrCat("block", k, ".", name)),
-                          ",\"shape\":[", absl::StrJoin(dims, ","),
-                          "],\"values\":[", absl::StrJoin(vals, ","), "]}\n");
-        }
+    if (!dump_params) continue;
+    for (const auto* part : {&states[k].block, &states[k].head}) {
+      for (const auto& [name, t] : *part) {
+        AppendParamDump(absl::StrCat("block", k, ".", name), t,
+                        &result.params_json);
       }
     }
   }
@@ -56,83 +130,21 @@ absl::Status DigestState(Engine& engine, bool dump_params,
   return absl::OkStatus();
 }
 
-absl::Status WriteRunFiles(const RunConfig& config, const TrainResult& r,
+absl::Status WriteRunFiles(const v1::RunConfig& config, const TrainResult& r,
                            const RunClock& clock, const std::string& out_dir) {
-  std::ostringstream ev;
-  for (const auto& e : r.evals) {
-    for (const auto& h : e.heads) {
-      ev << "{\"step\":" << e.step
-         << ",\"wall_seconds\":" << JsonNumber(e.wall_seconds)
-         << ",\"virtual_seconds\":" << JsonNumber(e.virtual_seconds)
-         << ",\"block\":" << h.block
-         << ",\"head\":" << (h.final ? "\"final\"" : "\"aux\"")
-         << ",\"loss\":" << JsonNumber(h.loss)
-         << ",\"accuracy\":" << JsonNumber(h.accuracy)
-         << ",\"perplexity\":" << JsonNumber(h.perplexity) << "}\n";
-    }
-  }
-  RETURN_IF_ERROR(WriteFileChecked(out_dir + "/eval.jsonl", ev.str()));
-  std::ostringstream sm;
-  const auto& t = config.training();
-  sm << "{\n  \"name\": " << JsonString(config.name())
-     << ",\n  \"mode\": " << JsonString(ModeName(config))
-     << ",\n  \"blocks\": " << r.block_digests.size() << ",\n  \"n\": " << t.n()
-     << ",\n  \"microbatches\": " << t.microbatches()
-     << ",\n  \"batch_size\": " << t.batch_size()
-     << ",\n  \"seed\": " << t.seed() << ",\n  \"steps\": " << r.steps
-     << ",\n  \"skipped_steps\": [" << absl::StrJoin(r.skipped_steps, ", ")
-     << "]"
-     << ",\n  \"wall_seconds\": " << JsonNumber(r.wall_seconds)
-     << ",\n  \"virtual_seconds\": " << JsonNumber(r.virtual_seconds)
-     << ",\n  \"mean_step_seconds\": {\"wall\": "
-     << JsonNumber(r.mean_step_wall)
-     << ", \"virtual\": " << JsonNumber(r.mean_step_virtual) << "}"
-     << ",\n  \"utilisation\": " << JsonNumber(r.utilisation)
-     << ",\n  \"busy_ratio\": [";
-  for (size_t k = 0; k < r.busy_ratio.size(); ++k) {
-    sm << (k ? ", " : "") << JsonNumber(r.busy_ratio[k]);
-  }
-  sm << "],\n  \"eval\": [";
-  for (size_t i = 0; i < r.eval.size(); ++i) {
-    const auto& h = r.eval[i];
-    sm << (i ? ", " : "") << "{\"block\": " << h.block
-       << ", \"head\": " << (h.final ? "\"final\"" : "\"aux\"")
-       << ", \"loss\": " << JsonNumber(h.loss)
-       << ", \"accuracy\": " << JsonNumber(h.accuracy)
-       << ", \"perplexity\": " << JsonNumber(h.perplexity) << "}";
-  }
-  sm << "],\n  \"digests\": [";
-  for (size_t k = 0; k < r.block_digests.size(); ++k) {
-    sm << (k ? ", " : "") << "{\"block\": " << k
-       << ", \"params\": " << JsonString(r.block_digests[k])
-       << ", \"head\": " << JsonString(r.head_digests[k]) << "}";
-  }
-  const Accounting& a = r.accounting;
-  std::vector<std::string> bad;
-  for (int64_t s : a.steps_not_exactly_once) bad.push_back(absl::StrCat(s));
-  sm << "],\n  \"digest\": " << JsonString(r.digest)
-     << ",\n  \"accounting\": {\"microbatches_per_step\": "
-     << a.microbatches_per_step
-     << ", \"microbatches_applied\": " << a.microbatches_applied
-     << ", \"block_steps\": " << a.block_steps
-     << ", \"steps_not_exactly_once\": [" << absl::StrJoin(bad, ", ")
-     << "], \"recoveries\": " << a.recoveries
-     << ", \"microbatches_replayed\": " << a.microbatches_replayed
-     << ", \"duplicates_acknowledged\": " << a.duplicates_acknowledged
-     << ", \"resumed_from_step\": " << a.resumed_from_step
-     << ", \"checkpoints\": " << a.checkpoints << "}\n}\n";
-  RETURN_IF_ERROR(WriteFileChecked(out_dir + "/summary.json.tmp", sm.str()));
-  std::error_code ec;
-  std::filesystem::rename(out_dir + "/summary.json.tmp",
-                          out_dir + "/summary.json", ec);
-  if (ec) return absl::DataLossError(ec.message());
+  RETURN_IF_ERROR(WriteEval(out_dir + "/eval.jsonl", EvalLinesOf(r.evals)));
+  RETURN_IF_ERROR(
+      WriteSummary(out_dir + "/summary.json",
+                   SummaryOf(config, ModeName(config),
+                             static_cast<int>(r.block_digests.size()), r)));
   if (!clock.sim() || r.steps <= clock.base()) return absl::OkStatus();
+  const auto& t = config.training();
   RunInfo info;
   info.name = config.name();
   info.mode = ModeName(config);
-  info.e2e = t.mode() == TrainingSpec::E2E;
+  info.e2e = t.mode() == v1::TrainingSpec::E2E;
   info.n = t.n();
-  info.sum_rule = t.rule() == TrainingSpec::SUM;
+  info.sum_rule = t.rule() == v1::TrainingSpec::SUM;
   info.batch_size = t.batch_size();
   info.steps = r.steps - clock.base();
   info.mean_step_wall = r.mean_step_wall;

@@ -30,7 +30,7 @@ struct EvalPoint {
 struct TrainResult {
   int64_t steps = 0;          // steps done (fewer than asked on a budget)
   double wall_seconds = 0.0;  // training time, evaluation excluded
-  // The virtual model-parallel clock (coordinator/virtual_clock.h): end of
+  // The virtual model-parallel clock (analysis/virtual_clock.h): end of
   // the last step, mean step times after the first step, and busy / elapsed
   // per block and overall.
   double virtual_seconds = 0.0;

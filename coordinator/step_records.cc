@@ -2,11 +2,8 @@
 
 #include <limits>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "coordinator/json.h"
-#include "coordinator/run_checkpoints.h"
+#include "analysis/run_files.h"
 #include "services/status_macros.h"
 #include "services/trainer.h"
 
@@ -28,7 +25,7 @@ absl::StatusOr<int64_t> StepRecords::Open(
   // recorded again.
   int64_t dropped = 0;
   int64_t last_kept = -1;
-  RETURN_IF_ERROR(CutJsonLines(path, [&](int64_t step) {
+  RETURN_IF_ERROR(CutMetricsLines(path, [&](int64_t step) {
     if (step < start) {
       last_kept = std::max(last_kept, step);
       return true;
@@ -38,13 +35,9 @@ absl::StatusOr<int64_t> StepRecords::Open(
   }));
   RETURN_IF_ERROR(file_.Open(path, /*append=*/true));
   for (const auto& line : pending) {
-    constexpr char kStep[] = "{\"step\":";
-    const size_t comma = line.find(',');
-    int64_t step = -1;
-    if (line.rfind(kStep, 0) != 0 || comma == std::string::npos ||
-        !absl::SimpleAtoi(line.substr(8, comma - 8), &step)) {
-      continue;
-    }
+    auto parsed = ParseMetricsLine(line);
+    if (!parsed.ok()) continue;
+    const auto step = static_cast<int64_t>(parsed->step());
     if (step > last_kept && step < start) RETURN_IF_ERROR(file_.Append(line));
   }
   return dropped;
@@ -132,16 +125,15 @@ std::vector<double> StepRecords::MeanLosses(const StepAgg& agg) const {
 std::string StepRecords::Line(int64_t s, const StepAgg& agg,
                               double virt) const {
   const double samples = static_cast<double>(plan_.batch_size()) * (s + 1);
-  const double sps = agg.wall > 0 ? samples / agg.wall : 0.0;
-  std::vector<std::string> ls;
-  for (double l : MeanLosses(agg)) ls.push_back(JsonNumber(l));
   const auto lr = lrs_.find(s);
-  return absl::StrCat(
-      "{\"step\":", s, ",\"wall_seconds\":", JsonNumber(agg.wall),
-      ",\"virtual_seconds\":", JsonNumber(virt),
-      ",\"lr\":", JsonNumber(lr == lrs_.end() ? 0.0 : lr->second),
-      ",\"loss\":[", absl::StrJoin(ls, ","),
-      "],\"samples_per_second\":", JsonNumber(sps), "}");
+  v1::MetricsLine line;
+  line.set_step(static_cast<double>(s));
+  line.set_wall_seconds(agg.wall);
+  line.set_virtual_seconds(virt);
+  line.set_lr(lr == lrs_.end() ? 0.0 : lr->second);
+  for (double l : MeanLosses(agg)) line.add_loss(l);
+  line.set_samples_per_second(agg.wall > 0 ? samples / agg.wall : 0.0);
+  return JsonLine(line);
 }
 
 absl::Status StepRecords::Emit(int64_t s, const StepAgg& agg) {

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "analysis/checked_write.h"
 #include "coordinator/metrics.h"
 #include "coordinator/progress.h"
 #include "coordinator/run_clock.h"
-#include "coordinator/run_files.h"
 #include "coordinator/run_plan.h"
 
 namespace interlock {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "coordinator/virtual_clock.h"
+#include "analysis/virtual_clock.h"
 #include "rpc/security.h"
 
 namespace interlock {

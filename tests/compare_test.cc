@@ -13,7 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "coordinator/simulate.h"
+#include "analysis/simulate.h"
 #include "tests/test_util.h"
 
 namespace interlock {

@@ -1,7 +1,7 @@
 // The virtual clock on hand-built timing traces. Every expected time below
 // is worked out by hand in the comments, following the block schedule of
 // services/driver.cc; links are free unless a test says otherwise.
-#include "coordinator/virtual_clock.h"
+#include "analysis/virtual_clock.h"
 
 #include <gtest/gtest.h>
 

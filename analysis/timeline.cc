@@ -1,4 +1,4 @@
-#include "coordinator/timeline.h"
+#include "analysis/timeline.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,8 +10,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "coordinator/json.h"
-#include "coordinator/run_files.h"
+#include "analysis/checked_write.h"
+#include "analysis/run_files.h"
+#include "services/status_macros.h"
 
 namespace interlock {
 namespace {
@@ -33,10 +34,6 @@ const char* Colour(SpanKind kind) {
   return "#000000";
 }
 
-std::string Quote(const std::string& s) {
-  return "'" + absl::StrReplaceAll(s, {{"'", "''"}}) + "'";
-}
-
 // Spans of each block in time order.
 std::map<int, std::vector<Span>> ByBlock(const std::vector<Span>& spans) {
   std::map<int, std::vector<Span>> out;
@@ -50,8 +47,13 @@ std::map<int, std::vector<Span>> ByBlock(const std::vector<Span>& spans) {
 
 }  // namespace
 
+std::string GnuplotQuote(const std::string& s) {
+  return "'" + absl::StrReplaceAll(s, {{"'", "''"}}) + "'";
+}
+
 absl::Status RunGnuplot(const std::string& script_path) {
-  const std::string cmd = absl::StrCat("gnuplot ", Quote(script_path), " 2>&1");
+  const std::string cmd =
+      absl::StrCat("gnuplot ", GnuplotQuote(script_path), " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return absl::UnavailableError("cannot start gnuplot");
   std::string output;
@@ -71,36 +73,31 @@ absl::Status WriteProfile(const PipelineSim& sim, const RunInfo& info,
   const PipelineShape& sh = sim.shape();
   const double mbs = static_cast<double>(info.steps) * sh.microbatches;
   const double steps = static_cast<double>(info.steps);
-  std::vector<std::string> blocks;
+  v1::RunProfile p;
+  p.set_name(info.name);
+  p.set_blocks(sh.blocks);
+  p.set_microbatches(sh.microbatches);
+  p.set_batch_size(info.batch_size);
+  p.set_mode(info.e2e ? "e2e" : "interlock");
+  p.set_n(info.n);
+  p.set_rule(info.sum_rule ? "sum" : "furthest");
+  p.set_steps(steps);
+  p.set_input_bytes(static_cast<double>(sh.input_bytes));
+  for (int64_t b : sh.down_bytes) p.add_down_bytes(static_cast<double>(b));
+  for (int64_t b : sh.up_bytes) p.add_up_bytes(static_cast<double>(b));
+  p.mutable_link()->set_latency_seconds(sh.link.latency_seconds);
+  p.mutable_link()->set_bytes_per_second(sh.link.bytes_per_second);
   for (int k = 0; k < sh.blocks; ++k) {
-    blocks.push_back(absl::StrCat(
-        "{\"forward\": ",
-        JsonNumber(sim.BusyPhase(k, SpanKind::kForward) / mbs), ", \"head\": ",
-        JsonNumber(sim.BusyPhase(k, SpanKind::kHead) / mbs), ", \"backward\": ",
-        JsonNumber(sim.BusyPhase(k, SpanKind::kBackward) / mbs),
-        ", \"input_grad\": ",
-        JsonNumber(sim.BusyPhase(k, SpanKind::kInputGrad) / mbs),
-        ", \"optimizer\": ",
-        JsonNumber(sim.BusyPhase(k, SpanKind::kOptimizer) / steps), "}"));
+    v1::BlockCosts* b = p.add_per_block();
+    b->set_forward(sim.BusyPhase(k, SpanKind::kForward) / mbs);
+    b->set_head(sim.BusyPhase(k, SpanKind::kHead) / mbs);
+    b->set_backward(sim.BusyPhase(k, SpanKind::kBackward) / mbs);
+    b->set_input_grad(sim.BusyPhase(k, SpanKind::kInputGrad) / mbs);
+    b->set_optimizer(sim.BusyPhase(k, SpanKind::kOptimizer) / steps);
   }
-  const std::string text = absl::StrCat(
-      "{\n  \"name\": ", JsonString(info.name), ",\n  \"blocks\": ", sh.blocks,
-      ",\n  \"microbatches\": ", sh.microbatches,
-      ",\n  \"batch_size\": ", info.batch_size,
-      ",\n  \"mode\": ", JsonString(info.e2e ? "e2e" : "interlock"),
-      ",\n  \"n\": ", info.n,
-      ",\n  \"rule\": ", JsonString(info.sum_rule ? "sum" : "furthest"),
-      ",\n  \"steps\": ", info.steps, ",\n  \"input_bytes\": ", sh.input_bytes,
-      ",\n  \"down_bytes\": [", absl::StrJoin(sh.down_bytes, ", "),
-      "],\n  \"up_bytes\": [", absl::StrJoin(sh.up_bytes, ", "),
-      "],\n  \"link\": {\"latency_seconds\": ",
-      JsonNumber(sh.link.latency_seconds),
-      ", \"bytes_per_second\": ", JsonNumber(sh.link.bytes_per_second),
-      "},\n  \"per_block\": [\n    ", absl::StrJoin(blocks, ",\n    "),
-      "\n  ],\n  \"step_seconds\": {\"wall\": ",
-      JsonNumber(info.mean_step_wall),
-      ", \"virtual\": ", JsonNumber(info.mean_step_virtual), "}\n}\n");
-  return WriteFileChecked(path, text);
+  p.mutable_step_seconds()->set_wall(info.mean_step_wall);
+  p.mutable_step_seconds()->set_virtual_(info.mean_step_virtual);
+  return WriteProfileFile(path, p);
 }
 
 absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
@@ -108,36 +105,43 @@ absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
   const int k_blocks = sim.shape().blocks;
   const auto blocks = ByBlock(sim.spans());
   // Chrome trace events, microseconds, one track (tid) per block.
-  std::vector<std::string> ev;
+  v1::Trace trace;
+  trace.set_displaytimeunit("ms");
+  auto& other = *trace.mutable_otherdata()->mutable_fields();
+  other["clock"].set_string_value("virtual");
+  other["run"].set_string_value(info.name);
+  other["mode"].set_string_value(info.mode);
   for (int k = 0; k < k_blocks; ++k) {
-    ev.push_back(absl::StrCat(
-        "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": ", k,
-        ", \"args\": {\"name\": \"block ", k, "\"}}"));
+    v1::TraceEvent* e = trace.add_traceevents();
+    e->set_name("thread_name");
+    e->set_ph("M");
+    e->set_pid(1);
+    e->set_tid(k);
+    (*e->mutable_args()->mutable_fields())["name"].set_string_value(
+        absl::StrCat("block ", k));
   }
-  auto event = [&](const std::string& name, int k, double start, double end,
-                   const std::string& args) {
-    ev.push_back(absl::StrCat("{\"name\": ", JsonString(name),
-                              ", \"ph\": \"X\", \"pid\": 1, ", "\"tid\": ", k,
-                              ", \"ts\": ", JsonNumber(start * 1e6),
-                              ", \"dur\": ", JsonNumber((end - start) * 1e6),
-                              ", \"args\": {", args, "}}"));
+  auto event = [&](const std::string& name, int k, double start, double end) {
+    v1::TraceEvent* e = trace.add_traceevents();
+    e->set_name(name);
+    e->set_ph("X");
+    e->set_pid(1);
+    e->set_tid(k);
+    e->set_ts(start * 1e6);
+    e->set_dur((end - start) * 1e6);
+    return e->mutable_args()->mutable_fields();
   };
   for (const auto& [k, spans] : blocks) {
     double t = 0.0;
     for (const auto& s : spans) {
-      if (s.start > t + 1e-9) event("waiting", k, t, s.start, "");
-      event(SpanKindName(s.kind), k, s.start, s.end,
-            absl::StrCat("\"step\": ", s.step, ", \"micro_batch\": ", s.mb));
+      if (s.start > t + 1e-9) event("waiting", k, t, s.start);
+      auto* args = event(SpanKindName(s.kind), k, s.start, s.end);
+      (*args)["step"].set_number_value(static_cast<double>(s.step));
+      (*args)["micro_batch"].set_number_value(s.mb);
       t = std::max(t, s.end);
     }
   }
-  const std::string json = absl::StrCat(
-      "{\"displayTimeUnit\": \"ms\",\n \"otherData\": {\"clock\": \"virtual\", "
-      "\"run\": ",
-      JsonString(info.name), ", \"mode\": ", JsonString(info.mode),
-      "},\n \"traceEvents\": [\n  ", absl::StrJoin(ev, ",\n  "), "\n ]}\n");
-  const std::string json_path = dir + "/timeline.json";
-  if (auto st = WriteFileChecked(json_path, json); !st.ok()) return st;
+  RETURN_IF_ERROR(
+      WriteFileChecked(dir + "/timeline.json", JsonLine(trace) + "\n"));
 
   // The picture: a few steps after the first (which carries start-up).
   int64_t kept = 0;
@@ -168,11 +172,11 @@ absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
   }
   const std::string script = absl::StrCat(
       "set terminal pngcairo size 1200,", 140 + 60 * k_blocks,
-      " font ',10' noenhanced\nset output ", Quote(dir + "/timeline.png"),
-      "\nset title ",
-      Quote(absl::StrCat(info.name, ", ", info.mode,
-                         ": virtual timeline of steps ", first, "-", last - 1,
-                         " (blank = waiting)")),
+      " font ',10' noenhanced\nset output ",
+      GnuplotQuote(dir + "/timeline.png"), "\nset title ",
+      GnuplotQuote(absl::StrCat(info.name, ", ", info.mode,
+                                ": virtual timeline of steps ", first, "-",
+                                last - 1, " (blank = waiting)")),
       "\nset xlabel 'virtual time (ms)'\nset ytics (",
       absl::StrJoin(ytics, ", "), ")\nset yrange [", k_blocks - 0.5,
       ":-0.5]\nset xrange [0:", (x1 - x0) * 1e3,

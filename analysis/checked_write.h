@@ -3,8 +3,8 @@
 // Every write and the close are checked: a full disk or a failing device is
 // an error naming the path and the reason (RESOURCE_EXHAUSTED for a full
 // disk or quota, else DATA_LOSS), never a silently short file.
-#ifndef INTERLOCK_COORDINATOR_RUN_FILES_H_
-#define INTERLOCK_COORDINATOR_RUN_FILES_H_
+#ifndef INTERLOCK_ANALYSIS_CHECKED_WRITE_H_
+#define INTERLOCK_ANALYSIS_CHECKED_WRITE_H_
 
 #include <string>
 
@@ -16,6 +16,11 @@ namespace interlock {
 // Writes `bytes` to `path` (created or truncated); with `sync`, fsyncs it.
 absl::Status WriteFileChecked(const std::string& path, absl::string_view bytes,
                               bool sync = false);
+
+// Writes PATH.tmp and renames it to `path`: a reader sees the old file or the
+// whole new one, never half of it.
+absl::Status WriteFileReplacing(const std::string& path,
+                                absl::string_view bytes);
 
 // A file written a line at a time as a run goes (metrics.jsonl).
 class AppendFile {
@@ -38,4 +43,4 @@ class AppendFile {
 
 }  // namespace interlock
 
-#endif  // INTERLOCK_COORDINATOR_RUN_FILES_H_
+#endif  // INTERLOCK_ANALYSIS_CHECKED_WRITE_H_

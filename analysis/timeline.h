@@ -1,14 +1,14 @@
 // What a run leaves about its virtual clock: the per-block profile that
 // `interlock simulate` predicts from, and the pipeline timeline (Chrome trace
 // events and a Gantt picture) that shows where each block worked or waited.
-#ifndef INTERLOCK_COORDINATOR_TIMELINE_H_
-#define INTERLOCK_COORDINATOR_TIMELINE_H_
+#ifndef INTERLOCK_ANALYSIS_TIMELINE_H_
+#define INTERLOCK_ANALYSIS_TIMELINE_H_
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
-#include "coordinator/virtual_clock.h"
+#include "analysis/virtual_clock.h"
 
 namespace interlock {
 
@@ -35,9 +35,12 @@ absl::Status WriteProfile(const PipelineSim& sim, const RunInfo& info,
 absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
                            const std::string& dir);
 
+// A gnuplot string literal.
+std::string GnuplotQuote(const std::string& s);
+
 // Runs gnuplot on a script; the error names gnuplot's exit and output.
 absl::Status RunGnuplot(const std::string& script_path);
 
 }  // namespace interlock
 
-#endif  // INTERLOCK_COORDINATOR_TIMELINE_H_
+#endif  // INTERLOCK_ANALYSIS_TIMELINE_H_

@@ -1,4 +1,4 @@
-#include "coordinator/virtual_clock.h"
+#include "analysis/virtual_clock.h"
 
 #include <algorithm>
 

@@ -1,10 +1,11 @@
-#include "coordinator/run_files.h"
+#include "analysis/checked_write.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 
@@ -63,6 +64,16 @@ absl::Status WriteFileChecked(const std::string& path, absl::string_view bytes,
     return s;
   }
   return CloseChecked(fd, path);
+}
+
+absl::Status WriteFileReplacing(const std::string& path,
+                                absl::string_view bytes) {
+  const std::string temp = path + ".tmp";
+  if (auto st = WriteFileChecked(temp, bytes); !st.ok()) return st;
+  std::error_code ec;
+  std::filesystem::rename(temp, path, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
+  return absl::OkStatus();
 }
 
 AppendFile::~AppendFile() {

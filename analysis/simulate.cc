@@ -1,13 +1,8 @@
-#include "coordinator/simulate.h"
-
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
+#include "analysis/simulate.h"
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -15,75 +10,48 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "analysis/run_files.h"
 #include "services/status_macros.h"
 
 namespace interlock {
 namespace {
 
-using google::protobuf::Struct;
-using google::protobuf::Value;
+// Errors of a profile naming the file and the field.
+absl::Status Missing(const std::string& where, const std::string& key) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": missing field '", key, "'"));
+}
+absl::Status Wrong(const std::string& where, const std::string& key,
+                   const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": field '", key, "' must be ", what));
+}
 
-// Typed access to a parsed JSON object; errors name the file and field.
-class JsonFields {
- public:
-  JsonFields(const Struct& s, std::string where)
-      : s_(s), where_(std::move(where)) {}
+// A present, finite, non-negative value of an optional field.
+absl::StatusOr<double> Cost(const std::string& where, const std::string& key,
+                            bool has, double value) {
+  if (!has) return Missing(where, key);
+  if (!std::isfinite(value) || value < 0) {
+    return Wrong(where, key, "a non-negative number");
+  }
+  return value;
+}
 
-  absl::StatusOr<const Value*> Get(const std::string& key) const {
-    auto it = s_.fields().find(key);
-    if (it == s_.fields().end()) return Missing(key);
-    return &it->second;
+// Byte counts: finite, non-negative integers.
+absl::StatusOr<std::vector<int64_t>> Counts(
+    const std::string& where, const std::string& key,
+    const google::protobuf::RepeatedField<double>& values, size_t size) {
+  const std::string what = absl::StrCat("an array of ", size, " numbers");
+  if (static_cast<size_t>(values.size()) != size) {
+    return Wrong(where, key, what);
   }
-  bool Has(const std::string& key) const { return s_.fields().count(key) > 0; }
-  absl::StatusOr<double> Number(const std::string& key) const {
-    auto v = Get(key);
-    if (!v.ok()) return v.status();
-    return AsNumber(**v, key);
+  std::vector<int64_t> out;
+  for (double d : values) {
+    if (!std::isfinite(d) || d < 0) return Wrong(where, key, what);
+    out.push_back(static_cast<int64_t>(std::llround(d)));
   }
-  absl::StatusOr<std::string> String(const std::string& key) const {
-    auto v = Get(key);
-    if (!v.ok()) return v.status();
-    if ((*v)->kind_case() != Value::kStringValue) return Wrong(key, "a string");
-    return (*v)->string_value();
-  }
-  absl::StatusOr<double> AsNumber(const Value& v,
-                                  const std::string& key) const {
-    if (v.kind_case() != Value::kNumberValue ||
-        !std::isfinite(v.number_value()) || v.number_value() < 0) {
-      return Wrong(key, "a non-negative number");
-    }
-    return v.number_value();
-  }
-  absl::StatusOr<std::vector<int64_t>> Counts(const std::string& key,
-                                              size_t size) const {
-    auto v = Get(key);
-    if (!v.ok()) return v.status();
-    const std::string what = absl::StrCat("an array of ", size, " numbers");
-    if ((*v)->kind_case() != Value::kListValue ||
-        static_cast<size_t>((*v)->list_value().values_size()) != size) {
-      return Wrong(key, what);
-    }
-    std::vector<int64_t> out;
-    for (const Value& e : (*v)->list_value().values()) {
-      auto d = AsNumber(e, key);
-      if (!d.ok()) return Wrong(key, what);
-      out.push_back(static_cast<int64_t>(std::llround(*d)));
-    }
-    return out;
-  }
-  absl::Status Missing(const std::string& key) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where_, ": missing field '", key, "'"));
-  }
-  absl::Status Wrong(const std::string& key, const std::string& what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where_, ": field '", key, "' must be ", what));
-  }
-
- private:
-  const Struct& s_;
-  std::string where_;
-};
+  return out;
+}
 
 double Sum(const std::vector<double>& v) {
   double s = 0;
@@ -163,102 +131,88 @@ absl::StatusOr<Profile> LoadProfile(const std::string& path) {
   std::string file = path;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) file = path + "/profile.json";
-  std::ifstream in(file);
-  if (!in) {
+  auto read = ReadProfileFile(file);
+  if (absl::IsNotFound(read.status())) {
     return absl::NotFoundError(absl::StrCat(
         "--profile: cannot read ", file,
         " (give the --out folder of an `interlock train` or `interlock "
         "compare` mode run)"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  Struct root;
-  auto parsed = google::protobuf::util::JsonStringToMessage(text.str(), &root);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": not a JSON object: ", parsed.ToString()));
-  }
-  JsonFields f(root, file);
+  if (!read.ok()) return read.status();
+  const v1::RunProfile& f = *read;
   Profile p;
   p.path = file;
-  double d = 0;
-  ASSIGN_OR_RETURN(d, f.Number("blocks"));
-  p.blocks = static_cast<int>(d);
-  if (p.blocks < 1 || p.blocks != d)
-    return f.Wrong("blocks", "an integer >= 1");
-  ASSIGN_OR_RETURN(d, f.Number("microbatches"));
-  p.microbatches = static_cast<int>(d);
-  if (p.microbatches < 1 || p.microbatches != d) {
-    return f.Wrong("microbatches", "an integer >= 1");
+  p.blocks = f.blocks();
+  if (p.blocks < 1) return Wrong(file, "blocks", "an integer >= 1");
+  p.microbatches = f.microbatches();
+  if (p.microbatches < 1) {
+    return Wrong(file, "microbatches", "an integer >= 1");
   }
-  ASSIGN_OR_RETURN(d, f.Number("batch_size"));
-  p.batch_size = static_cast<int64_t>(d);
-  std::string mode;
-  ASSIGN_OR_RETURN(mode, f.String("mode"));
-  if (mode == "e2e") {
+  p.batch_size = f.batch_size();
+  if (f.mode() == "e2e") {
     p.mode.e2e = true;
-  } else if (mode == "interlock") {
-    ASSIGN_OR_RETURN(d, f.Number("n"));
-    p.mode.n = static_cast<int>(d);
-    if (p.mode.n < 1 || p.mode.n > p.blocks || p.mode.n != d) {
-      return f.Wrong("n", absl::StrCat("an integer in 1..", p.blocks));
+  } else if (f.mode() == "interlock") {
+    p.mode.n = f.n();
+    if (p.mode.n < 1 || p.mode.n > p.blocks) {
+      return Wrong(file, "n", absl::StrCat("an integer in 1..", p.blocks));
     }
-    std::string rule;
-    ASSIGN_OR_RETURN(rule, f.String("rule"));
-    if (rule != "furthest" && rule != "sum") {
-      return f.Wrong("rule", "\"furthest\" or \"sum\"");
+    if (f.rule() != "furthest" && f.rule() != "sum") {
+      return Wrong(file, "rule", "\"furthest\" or \"sum\"");
     }
-    p.mode.sum = rule == "sum";
+    p.mode.sum = f.rule() == "sum";
   } else {
-    return f.Wrong("mode", "\"e2e\" or \"interlock\"");
+    return Wrong(file, "mode", "\"e2e\" or \"interlock\"");
   }
-  ASSIGN_OR_RETURN(d, f.Number("input_bytes"));
-  p.input_bytes = static_cast<int64_t>(d);
-  ASSIGN_OR_RETURN(p.down_bytes, f.Counts("down_bytes", p.blocks - 1));
-  ASSIGN_OR_RETURN(p.up_bytes, f.Counts("up_bytes", p.blocks - 1));
+  ASSIGN_OR_RETURN(const double input_bytes,
+                   Cost(file, "input_bytes", true, f.input_bytes()));
+  p.input_bytes = static_cast<int64_t>(input_bytes);
+  ASSIGN_OR_RETURN(p.down_bytes,
+                   Counts(file, "down_bytes", f.down_bytes(), p.blocks - 1));
+  ASSIGN_OR_RETURN(p.up_bytes,
+                   Counts(file, "up_bytes", f.up_bytes(), p.blocks - 1));
 
-  const Value* v = nullptr;
-  ASSIGN_OR_RETURN(v, f.Get("link"));
-  if (v->kind_case() != Value::kStructValue) {
-    return f.Wrong("link", "an object");
-  }
-  JsonFields link(v->struct_value(), file + ": link");
-  ASSIGN_OR_RETURN(p.link.latency_seconds, link.Number("latency_seconds"));
-  ASSIGN_OR_RETURN(p.link.bytes_per_second, link.Number("bytes_per_second"));
+  if (!f.has_link()) return Missing(file, "link");
+  const std::string link = file + ": link";
+  ASSIGN_OR_RETURN(p.link.latency_seconds,
+                   Cost(link, "latency_seconds", f.link().has_latency_seconds(),
+                        f.link().latency_seconds()));
+  ASSIGN_OR_RETURN(
+      p.link.bytes_per_second,
+      Cost(link, "bytes_per_second", f.link().has_bytes_per_second(),
+           f.link().bytes_per_second()));
 
-  ASSIGN_OR_RETURN(v, f.Get("per_block"));
-  const std::string per_block_what = absl::StrCat(
-      "an array of ", p.blocks,
-      " objects with forward, head, backward and optimizer seconds");
-  if (v->kind_case() != Value::kListValue ||
-      v->list_value().values_size() != p.blocks) {
-    return f.Wrong("per_block", per_block_what);
+  if (f.per_block_size() != p.blocks) {
+    return Wrong(file, "per_block",
+                 absl::StrCat("an array of ", p.blocks,
+                              " objects with forward, head, backward and "
+                              "optimizer seconds"));
   }
   for (int k = 0; k < p.blocks; ++k) {
-    const Value& e = v->list_value().values(k);
-    if (e.kind_case() != Value::kStructValue) {
-      return f.Wrong("per_block", per_block_what);
-    }
-    JsonFields b(e.struct_value(), absl::StrCat(file, ": per_block[", k, "]"));
+    const v1::BlockCosts& c = f.per_block(k);
+    const std::string where = absl::StrCat(file, ": per_block[", k, "]");
     BlockProfile bp;
-    ASSIGN_OR_RETURN(bp.forward, b.Number("forward"));
-    ASSIGN_OR_RETURN(bp.head, b.Number("head"));
-    ASSIGN_OR_RETURN(bp.backward, b.Number("backward"));
+    ASSIGN_OR_RETURN(bp.forward,
+                     Cost(where, "forward", c.has_forward(), c.forward()));
+    ASSIGN_OR_RETURN(bp.head, Cost(where, "head", c.has_head(), c.head()));
+    ASSIGN_OR_RETURN(bp.backward,
+                     Cost(where, "backward", c.has_backward(), c.backward()));
     // Optional: profiles without it model every input-only pass.
     bp.input_grad = -1.0;
-    if (b.Has("input_grad")) {
-      ASSIGN_OR_RETURN(bp.input_grad, b.Number("input_grad"));
+    if (c.has_input_grad()) {
+      ASSIGN_OR_RETURN(bp.input_grad,
+                       Cost(where, "input_grad", true, c.input_grad()));
     }
-    ASSIGN_OR_RETURN(bp.optimizer, b.Number("optimizer"));
+    ASSIGN_OR_RETURN(bp.optimizer, Cost(where, "optimizer", c.has_optimizer(),
+                                        c.optimizer()));
     p.per_block.push_back(bp);
   }
-  ASSIGN_OR_RETURN(v, f.Get("step_seconds"));
-  if (v->kind_case() != Value::kStructValue) {
-    return f.Wrong("step_seconds", "an object with wall and virtual");
-  }
-  JsonFields step(v->struct_value(), file + ": step_seconds");
-  ASSIGN_OR_RETURN(p.step_wall, step.Number("wall"));
-  ASSIGN_OR_RETURN(p.step_virtual, step.Number("virtual"));
+  if (!f.has_step_seconds()) return Missing(file, "step_seconds");
+  const std::string step = file + ": step_seconds";
+  ASSIGN_OR_RETURN(p.step_wall, Cost(step, "wall", f.step_seconds().has_wall(),
+                                     f.step_seconds().wall()));
+  ASSIGN_OR_RETURN(p.step_virtual,
+                   Cost(step, "virtual", f.step_seconds().has_virtual_(),
+                        f.step_seconds().virtual_()));
   return p;
 }
 

@@ -9,10 +9,10 @@
 // profile measured per pass at that block; where the profile's mode ran none
 // there, it is modelled as kInputOnlyShare of the parameter pass. A
 // parameter pass that also yields an upstream entry's input gradient
-// (PipelineShape::Shared) costs the parameter pass alone plus one such pass. Per-micro-
-// batch costs and message bytes scale by M_profile / M.
-#ifndef INTERLOCK_COORDINATOR_SIMULATE_H_
-#define INTERLOCK_COORDINATOR_SIMULATE_H_
+// (PipelineShape::Shared) costs the parameter pass alone plus one such pass.
+// Per-micro- batch costs and message bytes scale by M_profile / M.
+#ifndef INTERLOCK_ANALYSIS_SIMULATE_H_
+#define INTERLOCK_ANALYSIS_SIMULATE_H_
 
 #include <cstdint>
 #include <ostream>
@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/virtual_clock.h"
+#include "analysis/virtual_clock.h"
 
 namespace interlock {
 
@@ -112,4 +112,4 @@ int SimulateMain(const SimulateOptions& options, std::ostream& out,
 
 }  // namespace interlock
 
-#endif  // INTERLOCK_COORDINATOR_SIMULATE_H_
+#endif  // INTERLOCK_ANALYSIS_SIMULATE_H_

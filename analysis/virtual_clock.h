@@ -20,8 +20,8 @@
 // No LibTorch and no gRPC here: the same replay serves the training runner
 // (durations arrive as the run goes) and the simulator (durations from a
 // profile).
-#ifndef INTERLOCK_COORDINATOR_VIRTUAL_CLOCK_H_
-#define INTERLOCK_COORDINATOR_VIRTUAL_CLOCK_H_
+#ifndef INTERLOCK_ANALYSIS_VIRTUAL_CLOCK_H_
+#define INTERLOCK_ANALYSIS_VIRTUAL_CLOCK_H_
 
 #include <cstdint>
 #include <functional>
@@ -227,4 +227,4 @@ int InputOnlyPasses(bool e2e, int n, bool sum_rule, int blocks, int k);
 
 }  // namespace interlock
 
-#endif  // INTERLOCK_COORDINATOR_VIRTUAL_CLOCK_H_
+#endif  // INTERLOCK_ANALYSIS_VIRTUAL_CLOCK_H_

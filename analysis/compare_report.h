@@ -1,0 +1,70 @@
+// The report of `interlock compare` (coordinator/compare.h runs the modes):
+// from each mode's run folder (summary.json, eval.jsonl, metrics.jsonl) it
+// writes DIR/report.md (a table of steps, step times on the wall and
+// virtual clocks, utilisation and the final test metric of every head) and
+// PNG plots drawn with gnuplot.
+#ifndef INTERLOCK_ANALYSIS_COMPARE_REPORT_H_
+#define INTERLOCK_ANALYSIS_COMPARE_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "analysis/simulate.h"
+#include "proto/report.pb.h"
+
+namespace interlock {
+
+// One mode of a comparison and what its run left.
+struct ModeReport {
+  ModeSpec mode;
+  std::string dir;  // the run's --out folder
+  bool tried = false;
+  // OK once the run finished and its files were read.
+  absl::Status status = absl::UnknownError("not run");
+  interlock::v1::RunSummary summary;
+  std::vector<interlock::v1::EvalLine> evals;  // eval.jsonl
+};
+
+// Reads the summary and evaluations of a finished run from report.dir; the
+// status says what could not be read.
+absl::Status ReadModeFiles(ModeReport& report);
+
+// What the report says about the comparison as a whole.
+struct ReportHeader {
+  std::string command_line;  // as typed
+  std::string config_path;
+  std::string name;  // the config's
+  int blocks = 0;
+  int batch_size = 0;
+  int microbatches = 0;
+  uint64_t seed = 0;
+  std::string engine;   // how the modes ran
+  std::string limit;    // steps and budgets
+  std::string cadence;  // of evaluations
+  LinkModel link;
+};
+
+// Whether the runs are of a text model (perplexity is the metric).
+bool IsText(const std::vector<ModeReport>& runs);
+// The final head's metrics; nullptr for none.
+const interlock::v1::HeadMetrics* FinalHead(
+    const interlock::v1::RunSummary& summary);
+// The test metric as tabulated: accuracy (%) or perplexity (text).
+std::string FormatMetric(const interlock::v1::HeadMetrics& head, bool text);
+
+// Writes the plot data (DIR/plots/*.dat), DIR/plots.gp and draws the plots;
+// an error says why there are none (no finished mode, gnuplot missing, a
+// script error, or a picture it did not write).
+absl::Status WritePlots(const std::string& dir, const std::string& name,
+                        const std::vector<ModeReport>& runs, int blocks);
+
+// Writes DIR/report.md; `plots` is what WritePlots returned.
+absl::Status WriteReport(const std::string& dir, const ReportHeader& header,
+                         const std::vector<ModeReport>& runs,
+                         const absl::Status& plots);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_ANALYSIS_COMPARE_REPORT_H_
