@@ -293,6 +293,9 @@ class Lists:
         return (0 <= i < self.up(k) and i != self.shared(k)
                 and self.used(k, i))
 
+    def early_count(self, k):
+        return sum(self.early(k, i) for i in range(self.up(k)))
+
 
 # ---------------------------------------------------------------- data
 
@@ -439,6 +442,16 @@ def parse_mode(mode):
     if not m or int(m.group(1)) < 1:
         sys.exit("interlock_ref: mode '%s', expected e2e, N or Nsum" % mode)
     return False, int(m.group(1)), m.group(2) is not None
+
+
+def mode_label(mode):
+    """The names tests/bench/step_time_stats.py uses."""
+    e2e, n, sum_rule = parse_mode(mode)
+    if e2e:
+        return "E2E"
+    if n == 1:
+        return "1-way"
+    return "%d-way %s" % (n, "sum" if sum_rule else "furthest")
 
 
 def prepare(cfg, mode, steps):
