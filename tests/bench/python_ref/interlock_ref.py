@@ -428,10 +428,17 @@ class Run:
                 perm = torch.randperm(n, generator=gen)
             idx = perm[(s % per_epoch) * batch:(s % per_epoch + 1) * batch]
             self.fwd_q[0].put((x_all[idx], y_all[idx]))
+        # A failed block leaves its neighbours waiting on their queues for
+        # ever: stop waiting at the first error (the threads are daemons).
         for t in threads:
-            t.join()
+            while t.is_alive() and not self.errors:
+                t.join(0.1)
         if self.errors:
-            sys.exit("interlock_ref: " + "; ".join(self.errors))
+            # os._exit: interpreter shutdown with block threads still inside
+            # LibTorch aborts instead of exiting.
+            print("interlock_ref: " + "; ".join(self.errors), file=sys.stderr,
+                  flush=True)
+            os._exit(1)
 
 
 def parse_mode(mode):
