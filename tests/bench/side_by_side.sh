@@ -37,6 +37,10 @@
 #   CONFIG=configs/bench/resnet_ref_k4.pbtxt
 #   INTERLOCK=build/coordinator/interlock
 #   PYTHON=/usr/bin/python3   Debian's Python (python3-torch is built for it)
+#   PY_ALLOC=default  glibc malloc as a plain Python process has it. tuned:
+#                the Python runs get GLIBC_TUNABLES with the settings our
+#                binaries' main() makes with mallopt (services/runtime.cc), to
+#                see how much of a difference is the allocator alone
 #   ROOFLINE_SECONDS=3   time per throughput measurement (0: no roofline)
 #   KEEP=DIR     keep the run folders and runs.tsv in DIR (default: a temporary
 #                folder, removed at the end)
@@ -52,6 +56,18 @@ CONFIG=${CONFIG:-configs/bench/resnet_ref_k4.pbtxt}
 INTERLOCK=${INTERLOCK:-build/coordinator/interlock}
 PYTHON=${PYTHON:-/usr/bin/python3}
 ROOFLINE_SECONDS=${ROOFLINE_SECONDS:-3}
+PY_ALLOC=${PY_ALLOC:-default}
+py_env=()
+case $PY_ALLOC in
+  default) ;;
+  tuned)
+    py_env=(GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1)
+    ;;
+  *)
+    echo "side_by_side.sh: PY_ALLOC=$PY_ALLOC, expected default or tuned" >&2
+    exit 2
+    ;;
+esac
 
 if [[ ! -x "$INTERLOCK" ]]; then
   echo "side_by_side.sh: $INTERLOCK not found; run 'make build' first" >&2
@@ -120,7 +136,8 @@ run_one() {  # impl mode round steps
          --schedule threaded --threads-per-block 1 --quiet
          --steps "$steps" --out "$dir")
   else
-    cmd=("$PYTHON" tests/bench/python_ref/interlock_ref.py --config "$CONFIG"
+    cmd=(env "${py_env[@]}" "$PYTHON" tests/bench/python_ref/interlock_ref.py
+         --config "$CONFIG"
          --mode "$mode" --steps "$steps" --out "$dir")
   fi
   local stall0 stall1 t0 t1 stall=""
@@ -174,7 +191,8 @@ echo "$ROUNDS rounds x ($STEPS - $WARMUP) steps timed, $(date -u '+%Y-%m-%d %H:%
 echo "Machine: $cpu, $(env -u OMP_NUM_THREADS nproc) cores; Linux $(uname -r)."
 echo "Interlock: $INTERLOCK (built $(date -u -r "$INTERLOCK" '+%Y-%m-%d %H:%M UTC'));" \
   "scripts at $(git rev-parse --short HEAD 2>/dev/null || echo '?');" \
-  "Python $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "with torch", torch.__version__)')."
+  "Python $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "with torch", torch.__version__)')," \
+  "$PY_ALLOC malloc."
 echo "Before: $load_before"
 echo "After:  $load_after"
 echo
