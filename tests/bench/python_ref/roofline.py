@@ -31,9 +31,8 @@
    s/step, Interlock s/step), prints the achieved GFLOP/s of each and its
    share of the measured convolution throughput of one core. That throughput
    is the best call, not the median: other load on the machine only ever
-   slows a call down (on this project's shared 2-core machine the median moved
-   between 55 and 90 GFLOP/s from one minute to the next), and the best is
-   the stricter yardstick.
+   slows a call down, and the best is the stricter yardstick. Measured with
+   glibc malloc set as our binaries set it (tune_allocator).
 
 Usage: roofline.py [--config FILE] [--modes "e2e 1 2 3"] [--times FILE]
                    [--seconds S]
