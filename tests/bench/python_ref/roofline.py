@@ -66,9 +66,9 @@ def measure(fn, flops, seconds):
 def tune_allocator():
     """glibc malloc as our binaries set it up (services/runtime.cc).
 
-    With glibc's defaults every 16 MiB convolution output is a fresh mmap and
-    faults its pages in on each call: measured here, 55-68 GFLOP/s instead of
-    90-100 for the same kernel. The roofline is about the kernels.
+    With glibc's defaults every convolution call here faulted in about 12,000
+    fresh pages (its 16 MiB output and oneDNN's buffers) and ran at 55-68
+    GFLOP/s instead of 94-98. The roofline is about the kernels.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
