@@ -156,14 +156,25 @@ def main():
     args = ap.parse_args()
     cfg = ref.read_config(args.config)
 
+    # First as a plain process has it, for comparison with figures measured
+    # that way (mallopt cannot be undone, so this order).
+    (mm0, mm0_best), (cv0, cv0_best) = machine(args.seconds)
     tuned = tune_allocator()
     (mm, mm_best), (cv, cv_best) = machine(args.seconds)
-    print("One core, fp32, 1 thread, calls over %g s: matmul 1024^2 best "
-          "%.1f GFLOP/s (median %.1f), conv 3x3 64->64 32x32 batch 64 best "
-          "%.1f GFLOP/s (median %.1f); %s. Shares below are of the best "
-          "conv." % (args.seconds, mm_best, mm, cv_best, cv,
-                     "malloc tuned as in our binaries" if tuned
-                     else "malloc NOT tuned (mallopt failed)"))
+    print("One core, fp32, 1 thread, calls over %g s, best (median):"
+          % args.seconds)
+    print()
+    print("| glibc malloc | matmul 1024^2 GFLOP/s | conv 3x3 64->64 32x32 "
+          "batch 64 GFLOP/s |")
+    print("|---|---:|---:|")
+    print("| defaults | %.1f (%.1f) | %.1f (%.1f) |"
+          % (mm0_best, mm0, cv0_best, cv0))
+    print("| %s | %.1f (%.1f) | %.1f (%.1f) |"
+          % ("as in our binaries" if tuned else "tuning FAILED, defaults",
+             mm_best, mm, cv_best, cv))
+    print()
+    print("Shares below are of the best conv call with malloc as in our "
+          "binaries (%.1f GFLOP/s)." % cv_best)
     print()
 
     times = {}
