@@ -40,13 +40,8 @@ else
   trap 'rm -rf "$OUT"' EXIT
 fi
 
-mode_flags() {
-  case "$1" in
-    e2e) echo "--mode e2e" ;;
-    *sum) echo "--mode interlock --n ${1%sum} --rule sum" ;;
-    *) echo "--mode interlock --n $1 --rule furthest" ;;
-  esac
-}
+# shellcheck source=tests/bench/bench_lib.sh
+source tests/bench/bench_lib.sh  # the working directory is the repository root
 
 date -u +"start %Y-%m-%dT%H:%M:%SZ" | tee "$OUT/when"
 : >"$OUT/runs.tsv"
