@@ -12,9 +12,9 @@ namespace interlock {
 using interlock::v1::TrainingSpec;
 
 absl::Status RunClock::Start(const interlock::v1::RunConfig& config,
-                             const DataShape& shape, int blocks, int window,
-                             int64_t rows, int64_t input_bytes,
-                             int64_t target_bytes) {
+                             const DataShape& shape, const WireCodec& codec,
+                             int blocks, int window, int64_t rows,
+                             int64_t input_bytes, int64_t target_bytes) {
   const auto& t = config.training();
   PipelineShape sh;
   sh.blocks = blocks;
@@ -26,9 +26,6 @@ absl::Status RunClock::Start(const interlock::v1::RunConfig& config,
   sh.compute_unused = t.compute_unused_gradients();
   sh.link = link_;
   sh.input_bytes = input_bytes + target_bytes;
-  // What the run's codec puts on the wire for each activation and gradient
-  // (targets travel raw).
-  ASSIGN_OR_RETURN(const WireCodec codec, WireCodec::ForRun(config));
   ASSIGN_OR_RETURN(auto outs, BlockOutputShapes(config.model(), shape));
   for (int k = 0; k + 1 < blocks; ++k) {
     int64_t elements = rows;

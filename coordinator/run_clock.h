@@ -22,6 +22,7 @@
 namespace interlock {
 
 struct OpTiming;
+class WireCodec;
 
 // Steps of the run kept in the timeline (timeline.json, timeline.png).
 constexpr int64_t kTimelineSteps = 64;
@@ -47,12 +48,13 @@ class RunClock {
   }
   bool started() const { return sim_ != nullptr; }
   // Starts the replay at the first submitted micro-batch; it needs the bytes
-  // every link carries per micro-batch: the input batch (`rows` samples,
-  // `input_bytes` as encoded on the wire), each block's activation with the
-  // targets, and the gradient list.
+  // every link carries per micro-batch as `codec` encodes them: the input
+  // batch (`rows` samples, `input_bytes` on the wire), each block's
+  // activation with the targets (raw), and the gradient list.
   absl::Status Start(const interlock::v1::RunConfig& config,
-                     const DataShape& shape, int blocks, int window,
-                     int64_t rows, int64_t input_bytes, int64_t target_bytes);
+                     const DataShape& shape, const WireCodec& codec, int blocks,
+                     int window, int64_t rows, int64_t input_bytes,
+                     int64_t target_bytes);
 
   // Micro-batch `mb` of `step` (of M per step) was submitted. A replay after
   // a recovery submits again what the clock knows already.

@@ -36,7 +36,7 @@ class Runner {
  public:
   Runner(const RunConfig& config, const TrainOptions& options, Engine& engine,
          const DataSplits& data, RunState& state, RunRecovery& recovery,
-         CoordinatorMetrics* metrics)
+         CoordinatorMetrics* metrics, WireCodec codec)
       : c_(config),
         o_(options),
         engine_(engine),
@@ -44,6 +44,7 @@ class Runner {
         s_(state),
         recovery_(recovery),
         metrics_(metrics),
+        codec_(std::move(codec)),
         k_(engine.num_blocks()) {}
 
   absl::StatusOr<TrainResult> Run() {
@@ -140,10 +141,9 @@ class Runner {
         while (in_flight_ >= plan.window()) RETURN_IF_ERROR(HandleNext());
         auto [x, y] = data_.train->Gather(plan.Samples(s, mb));
         if (!s_.clock.started()) {
-          ASSIGN_OR_RETURN(const WireCodec codec, WireCodec::ForRun(c_));
           RETURN_IF_ERROR(s_.clock.Start(
-              c_, data_.shape, k_, plan.window(), x.size(0),
-              codec.activations().MaxEncodedBytes(x.scalar_type(), x.numel()),
+              c_, data_.shape, codec_, k_, plan.window(), x.size(0),
+              codec_.activations().MaxEncodedBytes(x.scalar_type(), x.numel()),
               static_cast<int64_t>(y.nbytes())));
         }
         ForwardMsg msg;
@@ -295,6 +295,8 @@ class Runner {
   RunState& s_;
   RunRecovery& recovery_;
   CoordinatorMetrics* metrics_;
+  // The run's wire codec: the virtual clock counts the bytes it sends.
+  const WireCodec codec_;
   const int k_;
   int64_t total_ = 0;  // steps run (fewer when a budget stops the run)
   int in_flight_ = 0;
@@ -332,6 +334,7 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
                                                ModeName(config)));
   }
   ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
+  ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));
   ASSIGN_OR_RETURN(RunPlan plan, RunPlan::Make(config, data.train->size(), k,
                                                options.window));
   ASSIGN_OR_RETURN(
@@ -343,7 +346,7 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
                        engine->engine(), state, metrics.get(),
                        options.output.log);
   Runner runner(config, options, engine->engine(), data, state, recovery,
-                metrics.get());
+                metrics.get(), std::move(codec));
   return runner.Run();
 }
 
