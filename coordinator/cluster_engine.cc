@@ -11,10 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "proto/worker.grpc.pb.h"
-#include "rpc/status.h"
-#include "rpc/stream.h"
-#include "services/digest.h"
+#include "rpc/worker_client.h"
 #include "services/models.h"
+#include "services/sha256.h"
 #include "services/status_macros.h"
 #include "services/wire.h"
 #include "services/wire_codec.h"
@@ -23,6 +22,9 @@ namespace interlock {
 namespace {
 
 namespace v1 = interlock::v1;
+
+// Largest block state accepted from a worker.
+constexpr int64_t kMaxStateBytes = int64_t{16} << 30;
 
 std::string NewRunId() {
   std::random_device rd;
@@ -49,12 +51,10 @@ class ClusterEngine : public Engine {
     }
     ASSIGN_OR_RETURN(max_bytes_, codec_.MaxMessageBytes(config_, shape_));
     run_id_ = NewRunId();
-    for (const auto& addr : options_.workers) {
-      Peer p;
-      p.address = addr;
-      p.channel = MakeChannel(addr, max_bytes_, options_.security);
-      p.stub = v1::Worker::NewStub(p.channel);
-      peers_.push_back(std::move(p));
+    for (size_t k = 0; k < options_.workers.size(); ++k) {
+      peers_.push_back(std::make_unique<WorkerClient>(
+          absl::StrCat("worker ", k), options_.workers[k], max_bytes_,
+          options_.security));
     }
     return Connect(options_.connect_timeout);
   }
@@ -65,10 +65,10 @@ class ClusterEngine : public Engine {
     const absl::Time deadline = absl::Now() + timeout;
     const int k_blocks = num_blocks();
     for (int k = 0; k < k_blocks; ++k) {
-      if (!peers_[k].channel->WaitForConnected(absl::ToChronoTime(deadline))) {
-        return absl::UnavailableError(absl::StrCat(
-            "worker ", k, " (", peers_[k].address, "): not reachable within ",
-            absl::FormatDuration(timeout)));
+      if (!peers_[k]->WaitForConnected(deadline)) {
+        return absl::UnavailableError(
+            absl::StrCat(peers_[k]->label(), ": not reachable within ",
+                         absl::FormatDuration(timeout)));
       }
       WorkerState(k, true);
     }
@@ -85,19 +85,12 @@ class ClusterEngine : public Engine {
       EncodeShape(shape_, req.mutable_shape());
       req.set_max_message_bytes(max_bytes_);
       req.set_window(options_.window);
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
       // At the start, wait for a worker still coming up; in a recovery a
       // worker that is gone again fails the attempt at once (it is retried).
-      ctx.set_wait_for_ready(generation_ == 1);
-      v1::ConfigureResponse resp;
-      grpc::Status s = peers_[k].stub->Configure(&ctx, req, &resp);
-      if (!s.ok()) {
-        return absl::Status(
-            FromGrpcStatus(s).code(),
-            absl::StrCat("worker ", k, " (", peers_[k].address,
-                         "): configure failed: ", s.error_message()));
-      }
+      RETURN_IF_ERROR(peers_[k]
+                          ->Configure(req, absl::Now() + options_.rpc_deadline,
+                                      /*wait_for_ready=*/generation_ == 1)
+                          .status());
     }
     StreamClient::Handlers h;
     // Messages and the end of a stream of an earlier attempt (before a
@@ -106,16 +99,15 @@ class ClusterEngine : public Engine {
     h.on_message = [this, epoch](v1::UpMessage m) {
       if (epoch == stream_epoch_) OnUp(std::move(m));
     };
-    // The channel must outlive the call: the handler holds it until the
-    // stream is done, whenever the engine goes away.
-    h.on_done = [this, epoch, channel = peers_[0].channel](
-                    const grpc::Status& s) { OnStreamDone(epoch, s); };
+    h.on_done = [this, epoch](const grpc::Status& s) {
+      OnStreamDone(epoch, s);
+    };
     {
       std::lock_guard<std::mutex> l(mu_);
       stream_done_ = false;
       closing_ = false;
     }
-    stream_ = StreamClient::Open(peers_[0].stub.get(), std::move(h));
+    stream_ = peers_[0]->OpenStream(std::move(h));
     return absl::OkStatus();
   }
 
@@ -140,43 +132,11 @@ class ClusterEngine : public Engine {
       v1::SaveStateRequest req;
       req.set_run_id(run_id_);
       req.set_generation(generation_);
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
-      auto reader = peers_[k].stub->SaveState(&ctx, req);
-      v1::StateChunk chunk;
-      v1::StateChunk header;
-      std::string bytes;
-      bool first = true;
-      while (reader->Read(&chunk)) {
-        if (first) {
-          header = chunk;
-          header.clear_data();
-          if (header.total_bytes() < 0 || header.total_bytes() > int64_t{16}
-                                                                     << 30) {
-            ctx.TryCancel();
-            break;
-          }
-          bytes.reserve(header.total_bytes());
-          first = false;
-        }
-        bytes.append(chunk.data());
-      }
-      grpc::Status s = reader->Finish();
-      const std::string who =
-          absl::StrCat("worker ", k, " (", peers_[k].address, "): save_state");
-      if (!s.ok()) {
-        return absl::Status(FromGrpcStatus(s).code(),
-                            absl::StrCat(who, " failed: ", s.error_message()));
-      }
-      if (first || header.block() != k ||
-          static_cast<int64_t>(bytes.size()) != header.total_bytes() ||
-          Sha256Hex(bytes.data(), bytes.size()) != header.sha256()) {
-        return absl::DataLossError(absl::StrCat(
-            who, ": the state received (", bytes.size(),
-            " bytes) does not match its header (block ", header.block(), ", ",
-            header.total_bytes(), " bytes, SHA-256 ", header.sha256(), ")"));
-      }
-      out.push_back(std::move(bytes));
+      ASSIGN_OR_RETURN(
+          BlockStateArchive state,
+          peers_[k]->SaveState(req, k, absl::Now() + options_.rpc_deadline,
+                               kMaxStateBytes));
+      out.push_back(std::move(state.bytes));
     }
     return out;
   }
@@ -188,37 +148,17 @@ class ClusterEngine : public Engine {
           absl::StrCat("load state: ", states.size(), " archives for ",
                        num_blocks(), " blocks"));
     }
-    constexpr size_t kChunk = 1 << 20;
     for (int k = 0; k < num_blocks(); ++k) {
-      const std::string& bytes = states[k];
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
-      v1::LoadStateResponse resp;
-      auto writer = peers_[k].stub->LoadState(&ctx, &resp);
-      size_t offset = 0;
-      do {
-        v1::StateChunk chunk;
-        if (offset == 0) {
-          chunk.set_run_id(run_id_);
-          chunk.set_generation(generation_);
-          chunk.set_block(k);
-          chunk.set_step(step);
-          chunk.set_total_bytes(static_cast<int64_t>(bytes.size()));
-          chunk.set_sha256(Sha256Hex(bytes.data(), bytes.size()));
-        }
-        const size_t n = std::min(kChunk, bytes.size() - offset);
-        chunk.set_data(bytes.substr(offset, n));
-        offset += n;
-        if (!writer->Write(chunk)) break;
-      } while (offset < bytes.size());
-      writer->WritesDone();
-      grpc::Status s = writer->Finish();
-      if (!s.ok()) {
-        return absl::Status(
-            FromGrpcStatus(s).code(),
-            absl::StrCat("worker ", k, " (", peers_[k].address,
-                         "): load_state failed: ", s.error_message()));
-      }
+      BlockStateArchive state;
+      state.run_id = run_id_;
+      state.generation = generation_;
+      state.block = k;
+      state.step = step;
+      state.sha256 = Sha256Hex(states[k].data(), states[k].size());
+      // A copy: the caller keeps its states for the next recovery.
+      state.bytes = states[k];
+      RETURN_IF_ERROR(
+          peers_[k]->LoadState(state, absl::Now() + options_.rpc_deadline));
     }
     return absl::OkStatus();
   }
@@ -289,14 +229,8 @@ class ClusterEngine : public Engine {
       v1::GetStateRequest req;
       req.set_run_id(run_id_);
       v1::GetStateResponse resp;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
-      grpc::Status s = peers_[k].stub->GetState(&ctx, req, &resp);
-      if (!s.ok()) {
-        return absl::UnavailableError(
-            absl::StrCat("worker ", k, " (", peers_[k].address,
-                         "): get_state failed: ", s.error_message()));
-      }
+      ASSIGN_OR_RETURN(
+          resp, peers_[k]->GetState(req, absl::Now() + options_.rpc_deadline));
       BlockState st;
       for (const auto* part : {&resp.block(), &resp.head()}) {
         for (const auto& nt : *part) {
@@ -334,12 +268,6 @@ class ClusterEngine : public Engine {
   void WorkerState(int block, bool up) {
     if (options_.on_worker_state) options_.on_worker_state(block, up);
   }
-
-  struct Peer {
-    std::string address;
-    std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::Worker::Stub> stub;
-  };
 
   void SetHeader(v1::DownMessage* m) {
     m->mutable_header()->set_run_id(run_id_);
@@ -412,7 +340,7 @@ class ClusterEngine : public Engine {
       if (!closing_) WorkerState(0, false);
       // A failure message from below, if any, already named the culprit.
       error_ = absl::UnavailableError(absl::StrCat(
-          "worker 0 (", peers_[0].address, "): stream ended: ",
+          peers_[0]->label(), ": stream ended: ",
           s.ok() ? std::string("closed by the worker") : s.error_message()));
     }
     cv_.notify_all();
@@ -426,7 +354,7 @@ class ClusterEngine : public Engine {
   int64_t generation_ = 1;
   std::atomic<int64_t> stream_epoch_{0};
   int64_t max_bytes_ = 0;
-  std::vector<Peer> peers_;
+  std::vector<std::unique_ptr<WorkerClient>> peers_;
   std::shared_ptr<StreamClient> stream_;
   int64_t next_eval_ = 0;
 

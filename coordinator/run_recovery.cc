@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/status.h"
 #include "services/status_macros.h"
 
 namespace interlock {
@@ -15,15 +16,6 @@ namespace {
 constexpr absl::Duration kRecoverAttempt = absl::Seconds(5);
 // Recoveries in a row without a completed step before the run gives up.
 constexpr int kMaxWithoutProgress = 10;
-
-bool Transient(const absl::Status& s) {
-  const auto code = s.code();
-  return code == absl::StatusCode::kUnavailable ||
-         code == absl::StatusCode::kAborted ||
-         code == absl::StatusCode::kDeadlineExceeded ||
-         code == absl::StatusCode::kCancelled ||
-         code == absl::StatusCode::kUnknown;
-}
 
 }  // namespace
 
@@ -162,7 +154,7 @@ absl::StatusOr<std::string> RunRecovery::Take(int64_t steps) {
 }
 
 absl::StatusOr<int64_t> RunRecovery::Recover(const absl::Status& failure) {
-  if (!Transient(failure) || o_.recover_timeout <= absl::ZeroDuration() ||
+  if (!IsTransient(failure) || o_.recover_timeout <= absl::ZeroDuration() ||
       (o_.stop_requested != nullptr && o_.stop_requested->load())) {
     return failure;
   }
@@ -194,7 +186,7 @@ absl::StatusOr<int64_t> RunRecovery::Recover(const absl::Status& failure) {
       }
     }
     if (s.ok()) break;
-    if (!Transient(s) || absl::Now() >= deadline) {
+    if (!IsTransient(s) || absl::Now() >= deadline) {
       return absl::Status(
           s.code(),
           absl::StrCat("recovery failed within ",

@@ -103,6 +103,38 @@ absl::Status CheckCertificateAndKey(const SecurityFiles& f,
   return absl::OkStatus();
 }
 
+// Adds the bearer token to the initial metadata of every call. Each call's
+// interceptor holds its own copy: a call may outlive its channel's factory.
+class BearerInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(std::string value) : value_(std::move(value)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (m->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                PRE_SEND_INITIAL_METADATA)) {
+      m->GetSendInitialMetadata()->emplace(kAuthorizationKey, value_);
+    }
+    m->Proceed();
+  }
+
+ private:
+  const std::string value_;
+};
+
+class BearerInterceptorFactory
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(const std::string& token)
+      : value_(BearerValue(token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(value_);
+  }
+
+ private:
+  const std::string value_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::string> LoadBearerToken(const std::string& flag,
@@ -202,6 +234,18 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(
   options.pem_private_key = s.key_pem;
   options.pem_cert_chain = s.cert_pem;
   return grpc::SslCredentials(options);
+}
+
+std::vector<
+    std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+ClientAuthInterceptors(const TransportSecurity& s) {
+  std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+      out;
+  if (!s.token.empty()) {
+    out.push_back(std::make_unique<BearerInterceptorFactory>(s.token));
+  }
+  return out;
 }
 
 std::string BearerValue(const std::string& token) {

@@ -11,10 +11,12 @@
 #define INTERLOCK_RPC_SECURITY_H_
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,8 +64,13 @@ std::vector<std::string> SecurityFlags(const SecurityFiles& files);
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(
     const TransportSecurity& security);
+// A client's half: the channel's credentials (TLS when configured) and the
+// interceptors that put the bearer token on every call.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(
     const TransportSecurity& security);
+std::vector<
+    std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+ClientAuthInterceptors(const TransportSecurity& security);
 
 // The metadata key and the value a client sends.
 constexpr char kAuthorizationKey[] = "authorization";

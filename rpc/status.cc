@@ -1,117 +1,43 @@
 #include "rpc/status.h"
 
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/support/client_interceptor.h>
+#include <string>
 
-#include <algorithm>
-#include <limits>
-#include <mutex>
+#include "absl/strings/str_cat.h"
 
 namespace interlock {
-namespace {
 
-int ClampBytes(int64_t bytes) {
-  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(bytes, 4 << 20),
-                                            std::numeric_limits<int>::max()));
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  std::string msg(s.message());
+  if (msg.size() > 4096) msg.resize(4096);
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), msg);
 }
 
-// gRPC 1.51 serves the client callback API from one process-wide completion
-// queue, reference-counted by the channels that used it; when the count drops
-// to zero it is torn down, and a teardown racing a new channel aborts the
-// process ("assertion failed: prior > 0"). One channel that has made a
-// callback call and is never destroyed keeps the count above zero.
-void PinCallbackQueue() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    auto* channel = new std::shared_ptr<grpc::Channel>(
-        grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()));
-    auto* stub = new grpc::GenericStub(*channel);
-    auto* ctx = new grpc::ClientContext;
-    ctx->set_deadline(std::chrono::system_clock::now() +
-                      std::chrono::milliseconds(1));
-    grpc::Slice empty;
-    auto* request = new grpc::ByteBuffer(&empty, 1);
-    auto* response = new grpc::ByteBuffer;
-    // Fails at once (nothing listens there); the reference stays.
-    stub->UnaryCall(ctx, "/interlock.v1.Pin/Pin", grpc::StubOptions(), request,
-                    response, [](grpc::Status) {});
-  });
+absl::Status FromGrpcStatus(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
 }
 
-// Adds the bearer token to the initial metadata of every call.
-class BearerInterceptor : public grpc::experimental::Interceptor {
- public:
-  explicit BearerInterceptor(const std::string* value) : value_(value) {}
-  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
-    if (m->QueryInterceptionHookPoint(
-            grpc::experimental::InterceptionHookPoints::
-                PRE_SEND_INITIAL_METADATA)) {
-      m->GetSendInitialMetadata()->emplace(kAuthorizationKey, *value_);
-    }
-    m->Proceed();
-  }
-
- private:
-  const std::string* value_;
-};
-
-class BearerInterceptorFactory
-    : public grpc::experimental::ClientInterceptorFactoryInterface {
- public:
-  explicit BearerInterceptorFactory(const std::string& token)
-      : value_(BearerValue(token)) {}
-  grpc::experimental::Interceptor* CreateClientInterceptor(
-      grpc::experimental::ClientRpcInfo* info) override {
-    return new BearerInterceptor(&value_);
-  }
-
- private:
-  const std::string value_;  // lives as long as the channel
-};
-
-}  // namespace
-
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           int64_t max_message_bytes,
-                                           const TransportSecurity& security) {
-  PinCallbackQueue();
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(ClampBytes(max_message_bytes));
-  args.SetMaxSendMessageSize(ClampBytes(max_message_bytes));
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Fail fast on reconnect instead of backing off for minutes.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  // Distinct channels per peer even for the same address (no sharing of
-  // subchannels between the coordinator's control and stream traffic).
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  std::vector<
-      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
-      interceptors;
-  if (!security.token.empty()) {
-    interceptors.push_back(
-        std::make_unique<BearerInterceptorFactory>(security.token));
-  }
-  return grpc::experimental::CreateCustomChannelWithInterceptors(
-      address, ChannelCredentialsFor(security), args, std::move(interceptors));
+absl::Status CallFailed(absl::string_view who, absl::string_view call,
+                        const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(
+      static_cast<absl::StatusCode>(s.error_code()),
+      absl::StrCat(who, ": ", call, " failed: ", s.error_message()));
 }
 
-void ConfigureServerBuilder(grpc::ServerBuilder& builder,
-                            int64_t max_message_bytes) {
-  builder.SetMaxReceiveMessageSize(ClampBytes(max_message_bytes));
-  builder.SetMaxSendMessageSize(ClampBytes(max_message_bytes));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                             kKeepaliveTimeoutMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Accept the clients' 2 s pings without calling them abusive.
-  builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+bool IsTransient(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kUnknown:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace interlock

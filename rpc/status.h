@@ -1,48 +1,33 @@
-// gRPC edge helpers shared by both services: status conversion, channel and
-// server arguments (message limits, keepalive).
+// Statuses at the gRPC edge: the one conversion each way, and which codes a
+// caller may retry.
 #ifndef INTERLOCK_RPC_STATUS_H_
 #define INTERLOCK_RPC_STATUS_H_
 
 #include <grpcpp/grpcpp.h>
 
-#include <memory>
-#include <string>
-
 #include "absl/status/status.h"
-#include "rpc/security.h"
+#include "absl/strings/string_view.h"
 
 namespace interlock {
 
-// Both code sets follow google.rpc.Code, so the conversion is a cast.
-inline grpc::Status ToGrpcStatus(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  std::string msg(s.message());
-  if (msg.size() > 4096) msg.resize(4096);
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), msg);
-}
+// Both code sets follow google.rpc.Code, so the conversion is a cast. The
+// message is bounded: it goes back to whoever sent the request.
+grpc::Status ToGrpcStatus(const absl::Status& s);
+absl::Status FromGrpcStatus(const grpc::Status& s);
 
-inline absl::Status FromGrpcStatus(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_message());
-}
+// A failed call as its caller reports it: the code the peer (or gRPC) gave,
+// kept, and the message prefixed with who was called and which call, e.g.
+// "worker 2 (10.0.0.7:5002): get_state failed: unknown run".
+absl::Status CallFailed(absl::string_view who, absl::string_view call,
+                        const grpc::Status& s);
 
-// Keepalive: a dead or frozen peer is noticed within about
-// kKeepaliveTimeMs + kKeepaliveTimeoutMs, not after TCP's minutes.
-constexpr int kKeepaliveTimeMs = 2000;
-constexpr int kKeepaliveTimeoutMs = 3000;
-
-// A channel to one peer with explicit message limits and keepalive, TLS when
-// `security` has certificates, and the bearer token on every call when it
-// has one.
-std::shared_ptr<grpc::Channel> MakeChannel(
-    const std::string& address, int64_t max_message_bytes,
-    const TransportSecurity& security = {});
-
-// Server-side limits and keepalive policy. A compressed message is held to
-// the same limit once inflated.
-void ConfigureServerBuilder(grpc::ServerBuilder& builder,
-                            int64_t max_message_bytes);
+// Whether trying again may succeed once the peer is back: it was
+// unreachable, went away or timed out (UNAVAILABLE, ABORTED,
+// DEADLINE_EXCEEDED, CANCELLED), or the call broke without a status of
+// its own (UNKNOWN, what gRPC reports for a peer dying mid-reply). Refusals
+// that name a fault in the request or the run (INVALID_ARGUMENT,
+// FAILED_PRECONDITION, DATA_LOSS, UNAUTHENTICATED, ...) are final.
+bool IsTransient(const absl::Status& s);
 
 }  // namespace interlock
 

@@ -8,10 +8,9 @@
 #include <utility>
 #include <vector>
 
-namespace interlock {
+#include "services/sha256.h"
 
-// Hex SHA-256 of arbitrary bytes.
-std::string Sha256Hex(const void* data, size_t size);
+namespace interlock {
 
 // Hex SHA-256 over every (name, dtype, shape, raw bytes) in order.
 std::string DigestTensors(

@@ -16,7 +16,7 @@
 
 #include "coordinator/train.h"
 #include "proto/worker.grpc.pb.h"
-#include "rpc/status.h"
+#include "rpc/channel.h"
 #include "services/config.h"
 #include "services/wire.h"
 #include "tests/cluster_util.h"

@@ -24,7 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "rpc/status.h"
+#include "rpc/channel.h"
 #include "services/runtime.h"
 #include "worker/server.h"
 

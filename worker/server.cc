@@ -3,7 +3,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/status.h"
+#include "rpc/channel.h"
 
 namespace interlock {
 

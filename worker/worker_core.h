@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/worker.pb.h"
+#include "services/block_archive.h"
 #include "services/block_host.h"
 #include "services/wire.h"
 #include "worker/metrics.h"
@@ -49,16 +50,6 @@ struct WorkerOptions {
   // before it restores a checkpoint into every block, so this leaves room
   // for large restores.
   std::chrono::milliseconds stream_proof_timeout{30000};
-};
-
-// A block's state as SaveState produces and LoadState consumes it.
-struct BlockStateArchive {
-  std::string run_id;
-  int64_t generation = 0;
-  int block = 0;
-  int64_t step = 0;
-  std::string sha256;  // hex, of `bytes`
-  std::string bytes;   // a LibTorch archive
 };
 
 class WorkerCore {

@@ -5,10 +5,12 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/state_chunks.h"
 #include "rpc/status.h"
-#include "rpc/stream.h"
+#include "rpc/worker_client.h"
 
 namespace interlock {
 namespace {
@@ -183,14 +185,10 @@ void ReactorSink::ProofTimeout() {
   if (reactor_) reactor_->ProofTimeout();
 }
 
-// A link to the next block: channel, stub and stream kept alive together
-// until the stream is done.
+// A link to the next block: the stream keeps its channel alive until it is
+// done.
 class GrpcLink : public DownstreamLink {
  public:
-  struct Holder {
-    std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::Worker::Stub> stub;
-  };
   explicit GrpcLink(std::shared_ptr<StreamClient> stream)
       : stream_(std::move(stream)) {}
   ~GrpcLink() override { stream_->Cancel(); }
@@ -205,16 +203,16 @@ class GrpcLink : public DownstreamLink {
 // then written in chunks, one write in flight at a time.
 class SaveReactor : public grpc::ServerWriteReactor<v1::StateChunk> {
  public:
-  SaveReactor(WorkerCore* core, const v1::SaveStateRequest& request) {
-    chunk_bytes_ = request.chunk_bytes() > 0
-                       ? std::min<int64_t>(request.chunk_bytes(), 4 << 20)
-                       : int64_t{1} << 20;
+  SaveReactor(WorkerCore* core, const v1::SaveStateRequest& request)
+      : chunk_bytes_(request.chunk_bytes() > 0 ? request.chunk_bytes()
+                                               : kDefaultStateChunkBytes) {
     core->SaveState(request, [this](absl::StatusOr<BlockStateArchive> r) {
       if (!r.ok()) {
         Finish(ToGrpcStatus(r.status()));
         return;
       }
       state_ = *std::move(r);
+      chunks_.emplace(&state_, chunk_bytes_);
       WriteNext();
     });
   }
@@ -229,30 +227,16 @@ class SaveReactor : public grpc::ServerWriteReactor<v1::StateChunk> {
 
  private:
   void WriteNext() {
-    const int64_t size = static_cast<int64_t>(state_.bytes.size());
-    if (offset_ >= size && offset_ > 0) {
+    if (!chunks_->Next(&chunk_)) {
       Finish(grpc::Status::OK);
       return;
     }
-    chunk_.Clear();
-    if (offset_ == 0) {
-      chunk_.set_run_id(state_.run_id);
-      chunk_.set_generation(state_.generation);
-      chunk_.set_block(state_.block);
-      chunk_.set_step(state_.step);
-      chunk_.set_total_bytes(size);
-      chunk_.set_sha256(state_.sha256);
-    }
-    const int64_t n = std::min(chunk_bytes_, size - offset_);
-    chunk_.set_data(state_.bytes.substr(offset_, n));
-    // An empty archive still sends its header once.
-    offset_ += std::max<int64_t>(n, 1);
     StartWrite(&chunk_);
   }
 
-  int64_t chunk_bytes_;
+  const int64_t chunk_bytes_;
   BlockStateArchive state_;
-  int64_t offset_ = 0;
+  std::optional<StateChunker> chunks_;
   v1::StateChunk chunk_;
 };
 
@@ -268,47 +252,30 @@ class LoadReactor : public grpc::ServerReadReactor<v1::StateChunk> {
   }
   void OnReadDone(bool ok) override {
     if (!ok) {
-      if (!started_) {
-        End(absl::InvalidArgumentError("load_state: no state received"));
+      absl::StatusOr<BlockStateArchive> state = state_.Finish();
+      if (!state.ok()) {
+        End(state.status());
         return;
       }
-      if (static_cast<int64_t>(state_.bytes.size()) != total_) {
-        End(absl::DataLossError(
-            absl::StrCat("load_state: received ", state_.bytes.size(),
-                         " bytes of the ", total_, " announced")));
-        return;
-      }
-      core_->LoadState(std::move(state_), [this](absl::StatusOr<int64_t> r) {
+      core_->LoadState(*std::move(state), [this](absl::StatusOr<int64_t> r) {
         if (r.ok()) response_->set_step(*r);
         End(r.status());
       });
       return;
     }
-    if (!started_) {
-      started_ = true;
-      total_ = chunk_.total_bytes();
-      state_.run_id = chunk_.run_id();
-      state_.generation = chunk_.generation();
-      state_.block = chunk_.block();
-      state_.step = chunk_.step();
-      state_.sha256 = chunk_.sha256();
+    if (!state_.started()) {
+      state_.Start(chunk_);
       // Nothing is read on until the core has checked the header against
       // the configured block.
-      core_->CheckLoadState(state_, total_, [this](absl::Status s) {
-        if (!s.ok()) {
-          End(s);
-          return;
-        }
-        try {
-          state_.bytes.reserve(total_);
-        } catch (const std::exception&) {  // bad_alloc, length_error
-          End(absl::ResourceExhaustedError(
-              absl::StrCat("load_state: cannot reserve the ", total_,
-                           " bytes announced (worker out of memory)")));
-          return;
-        }
-        Append();
-      });
+      core_->CheckLoadState(state_.header(), state_.total_bytes(),
+                            [this](absl::Status s) {
+                              if (s.ok()) s = state_.Reserve();
+                              if (!s.ok()) {
+                                End(s);
+                                return;
+                              }
+                              Append();
+                            });
       return;
     }
     Append();
@@ -318,17 +285,8 @@ class LoadReactor : public grpc::ServerReadReactor<v1::StateChunk> {
  private:
   // Takes the current chunk's data and reads the next chunk.
   void Append() {
-    if (static_cast<int64_t>(state_.bytes.size() + chunk_.data().size()) >
-        total_) {
-      End(absl::InvalidArgumentError(absl::StrCat("load_state: more than the ",
-                                                  total_, " bytes announced")));
-      return;
-    }
-    try {
-      state_.bytes.append(chunk_.data());
-    } catch (const std::exception&) {
-      End(absl::ResourceExhaustedError(
-          "load_state: out of memory buffering the state"));
+    if (absl::Status s = state_.Append(chunk_); !s.ok()) {
+      End(s);
       return;
     }
     chunk_.Clear();
@@ -337,7 +295,7 @@ class LoadReactor : public grpc::ServerReadReactor<v1::StateChunk> {
   // Frees what was buffered and the one-at-a-time slot, then finishes:
   // the next LoadState is admitted as soon as this caller has its status.
   void End(const absl::Status& s) {
-    std::string().swap(state_.bytes);
+    state_.Release();
     chunk_.Clear();
     slot_->store(false);
     Finish(ToGrpcStatus(s));
@@ -347,9 +305,7 @@ class LoadReactor : public grpc::ServerReadReactor<v1::StateChunk> {
   v1::LoadStateResponse* response_;
   std::atomic<bool>* slot_;
   v1::StateChunk chunk_;
-  BlockStateArchive state_;
-  bool started_ = false;
-  int64_t total_ = 0;
+  StateAssembler state_{"load_state"};
 };
 
 }  // namespace
@@ -436,17 +392,13 @@ WorkerCore::LinkFactory GrpcLinkFactory(const TransportSecurity& security) {
                     std::function<void(v1::UpMessage)> on_message,
                     std::function<void(absl::Status)> on_done)
              -> std::unique_ptr<DownstreamLink> {
-    auto holder = std::make_shared<GrpcLink::Holder>();
-    holder->channel = MakeChannel(address, max_bytes, security);
-    holder->stub = v1::Worker::NewStub(holder->channel);
+    WorkerClient next("next block", address, max_bytes, security);
     StreamClient::Handlers h;
     h.on_message = std::move(on_message);
-    // The holder lives until the stream is done.
-    h.on_done = [holder, on_done = std::move(on_done)](const grpc::Status& s) {
+    h.on_done = [on_done = std::move(on_done)](const grpc::Status& s) {
       on_done(FromGrpcStatus(s));
     };
-    return std::make_unique<GrpcLink>(
-        StreamClient::Open(holder->stub.get(), std::move(h)));
+    return std::make_unique<GrpcLink>(next.OpenStream(std::move(h)));
   };
 }
 

@@ -45,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "proto/worker.grpc.pb.h"
+#include "rpc/channel.h"
 #include "rpc/status.h"
 #include "rpc/stream.h"
 #include "services/runtime.h"

@@ -1,0 +1,35 @@
+// Channels and servers as both services set them up: explicit message
+// limits, keepalive, and the transport security of rpc/security.
+#ifndef INTERLOCK_RPC_CHANNEL_H_
+#define INTERLOCK_RPC_CHANNEL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "rpc/security.h"
+
+namespace interlock {
+
+// Keepalive: a dead or frozen peer is noticed within about
+// kKeepaliveTimeMs + kKeepaliveTimeoutMs, not after TCP's minutes.
+constexpr int kKeepaliveTimeMs = 2000;
+constexpr int kKeepaliveTimeoutMs = 3000;
+
+// A channel to one peer with explicit message limits and keepalive, TLS when
+// `security` has certificates, and the bearer token on every call when it
+// has one.
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address, int64_t max_message_bytes,
+    const TransportSecurity& security = {});
+
+// Server-side limits and keepalive policy. A compressed message is held to
+// the same limit once inflated.
+void ConfigureServerBuilder(grpc::ServerBuilder& builder,
+                            int64_t max_message_bytes);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_RPC_CHANNEL_H_

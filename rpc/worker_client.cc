@@ -1,0 +1,115 @@
+#include "rpc/worker_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "rpc/channel.h"
+#include "rpc/state_chunks.h"
+#include "rpc/status.h"
+#include "services/sha256.h"
+
+namespace interlock {
+
+namespace v1 = interlock::v1;
+
+WorkerClient::WorkerClient(const std::string& name, std::string address,
+                           int64_t max_message_bytes,
+                           const TransportSecurity& security)
+    : address_(std::move(address)),
+      label_(absl::StrCat(name, " (", address_, ")")),
+      channel_(MakeChannel(address_, max_message_bytes, security)),
+      stub_(v1::Worker::NewStub(channel_)) {}
+
+bool WorkerClient::WaitForConnected(absl::Time deadline) {
+  return channel_->WaitForConnected(absl::ToChronoTime(deadline));
+}
+
+absl::StatusOr<v1::ConfigureResponse> WorkerClient::Configure(
+    const v1::ConfigureRequest& request, absl::Time deadline,
+    bool wait_for_ready) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  ctx.set_wait_for_ready(wait_for_ready);
+  v1::ConfigureResponse response;
+  grpc::Status s = stub_->Configure(&ctx, request, &response);
+  if (!s.ok()) return CallFailed(label_, "configure", s);
+  return response;
+}
+
+absl::StatusOr<v1::GetStateResponse> WorkerClient::GetState(
+    const v1::GetStateRequest& request, absl::Time deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::GetStateResponse response;
+  grpc::Status s = stub_->GetState(&ctx, request, &response);
+  if (!s.ok()) return CallFailed(label_, "get_state", s);
+  return response;
+}
+
+absl::StatusOr<BlockStateArchive> WorkerClient::SaveState(
+    const v1::SaveStateRequest& request, int block, absl::Time deadline,
+    int64_t max_bytes) {
+  const std::string what = absl::StrCat(label_, ": save_state");
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  auto reader = stub_->SaveState(&ctx, request);
+  StateAssembler state(what);
+  absl::Status local;
+  v1::StateChunk chunk;
+  while (local.ok() && reader->Read(&chunk)) {
+    if (!state.started()) {
+      state.Start(chunk);
+      if (state.total_bytes() < 0 || state.total_bytes() > max_bytes) {
+        local = absl::DataLossError(
+            absl::StrCat(what, ": the worker announced ", state.total_bytes(),
+                         " bytes; at most ", max_bytes, " are accepted"));
+      } else {
+        local = state.Reserve();
+      }
+    }
+    if (local.ok()) local = state.Append(chunk);
+    // Stop the worker sending more once the state is refused.
+    if (!local.ok()) ctx.TryCancel();
+  }
+  grpc::Status s = reader->Finish();
+  if (!local.ok()) return local;
+  if (!s.ok()) return CallFailed(label_, "save_state", s);
+  absl::StatusOr<BlockStateArchive> archive = state.Finish();
+  if (!archive.ok()) return archive.status();
+  const std::string sha =
+      Sha256Hex(archive->bytes.data(), archive->bytes.size());
+  if (archive->block != block || sha != archive->sha256) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": the state received (block ", archive->block, ", ",
+                     archive->bytes.size(), " bytes, SHA-256 ", sha,
+                     ") does not match what was asked or announced (block ",
+                     block, ", SHA-256 ", archive->sha256, ")"));
+  }
+  return archive;
+}
+
+absl::Status WorkerClient::LoadState(const BlockStateArchive& state,
+                                     absl::Time deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::LoadStateResponse response;
+  auto writer = stub_->LoadState(&ctx, &response);
+  StateChunker chunks(&state, kDefaultStateChunkBytes);
+  v1::StateChunk chunk;
+  // A refused write means the call ended; Finish says why.
+  while (chunks.Next(&chunk) && writer->Write(chunk)) {
+  }
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  return CallFailed(label_, "load_state", s);
+}
+
+std::shared_ptr<StreamClient> WorkerClient::OpenStream(
+    StreamClient::Handlers handlers) {
+  handlers.on_done = [channel = channel_, stub = stub_,
+                      on_done =
+                          std::move(handlers.on_done)](const grpc::Status& s) {
+    if (on_done) on_done(s);
+  };
+  return StreamClient::Open(stub_.get(), std::move(handlers));
+}
+
+}  // namespace interlock

@@ -1,0 +1,63 @@
+// The one client of a worker, used by the coordinator and by a worker's
+// link to the next block: channel and stub, the Stream, and the state calls
+// with their chunking. Errors keep the code the call ended with and name
+// the worker and the call.
+#ifndef INTERLOCK_RPC_WORKER_CLIENT_H_
+#define INTERLOCK_RPC_WORKER_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/worker.grpc.pb.h"
+#include "rpc/security.h"
+#include "rpc/stream.h"
+#include "services/block_archive.h"
+
+namespace interlock {
+
+class WorkerClient {
+ public:
+  // `name` prefixes every error, e.g. "worker 2"; the address is added.
+  WorkerClient(const std::string& name, std::string address,
+               int64_t max_message_bytes, const TransportSecurity& security);
+
+  const std::string& address() const { return address_; }
+  // "worker 2 (10.0.0.7:5002)"
+  const std::string& label() const { return label_; }
+
+  bool WaitForConnected(absl::Time deadline);
+
+  // `wait_for_ready`: wait for a worker still coming up instead of failing
+  // at once while it is unreachable.
+  absl::StatusOr<interlock::v1::ConfigureResponse> Configure(
+      const interlock::v1::ConfigureRequest& request, absl::Time deadline,
+      bool wait_for_ready);
+  absl::StatusOr<interlock::v1::GetStateResponse> GetState(
+      const interlock::v1::GetStateRequest& request, absl::Time deadline);
+  // The state of `block`, whole and checked against its header (size,
+  // SHA-256); at most `max_bytes` are accepted.
+  absl::StatusOr<BlockStateArchive> SaveState(
+      const interlock::v1::SaveStateRequest& request, int block,
+      absl::Time deadline, int64_t max_bytes);
+  absl::Status LoadState(const BlockStateArchive& state, absl::Time deadline);
+
+  // Opens the worker's Stream. The stream keeps the channel and stub alive
+  // until `on_done` ran, however long this client lives.
+  std::shared_ptr<StreamClient> OpenStream(StreamClient::Handlers handlers);
+
+ private:
+  const std::string address_;
+  const std::string label_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<interlock::v1::Worker::Stub> stub_;
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_RPC_WORKER_CLIENT_H_

@@ -1,0 +1,215 @@
+// The one worker client (rpc/worker_client) against a real interlock-worker:
+// failed calls keep their code and name the worker and the call, only
+// transient codes count as transient, and a block's state goes out and comes
+// back through the shared chunking. The chunking itself is checked without
+// a worker first.
+#include "rpc/worker_client.h"
+
+#include <gtest/gtest.h>
+
+#include "rpc/state_chunks.h"
+#include "rpc/status.h"
+#include "services/sha256.h"
+#include "tests/worker_test_util.h"
+
+namespace interlock {
+namespace {
+
+using namespace interlock::worker_test;  // NOLINT
+
+BlockStateArchive Archive(std::string bytes) {
+  BlockStateArchive a;
+  a.run_id = "r";
+  a.generation = 3;
+  a.block = 2;
+  a.step = 7;
+  a.sha256 = Sha256Hex(bytes.data(), bytes.size());
+  a.bytes = std::move(bytes);
+  return a;
+}
+
+// Chunks `a` and reassembles them; the chunks' sizes go to `sizes`.
+absl::StatusOr<BlockStateArchive> RoundTrip(const BlockStateArchive& a,
+                                            int64_t chunk_bytes,
+                                            std::vector<size_t>* sizes) {
+  StateChunker chunker(&a, chunk_bytes);
+  StateAssembler back("test");
+  v1::StateChunk c;
+  while (chunker.Next(&c)) {
+    sizes->push_back(c.data().size());
+    if (!back.started()) {
+      back.Start(c);
+      if (absl::Status s = back.Reserve(); !s.ok()) return s;
+    }
+    if (absl::Status s = back.Append(c); !s.ok()) return s;
+  }
+  return back.Finish();
+}
+
+TEST(StateChunks, SlicesAndReassemblesWithTheHeaderOnTheFirstChunkOnly) {
+  std::vector<size_t> sizes;
+  auto back = RoundTrip(Archive(std::string(2500, 'x')), 1000, &sizes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(sizes, (std::vector<size_t>{1000, 1000, 500}));
+  EXPECT_EQ(back->bytes, std::string(2500, 'x'));
+  EXPECT_EQ(back->run_id, "r");
+  EXPECT_EQ(back->generation, 3);
+  EXPECT_EQ(back->block, 2);
+  EXPECT_EQ(back->step, 7);
+  EXPECT_EQ(back->sha256, Archive(std::string(2500, 'x')).sha256);
+
+  // An empty archive still sends its header once.
+  sizes.clear();
+  back = RoundTrip(Archive(""), 1000, &sizes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(sizes, std::vector<size_t>{0});
+  EXPECT_EQ(back->block, 2);
+
+  // The chunk size is clamped to the largest a caller may ask for.
+  sizes.clear();
+  back = RoundTrip(Archive(std::string(kMaxStateChunkBytes + 1, 'y')),
+                   int64_t{1} << 40, &sizes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(sizes, (std::vector<size_t>{kMaxStateChunkBytes, 1}));
+}
+
+TEST(StateChunks, MoreOrFewerBytesThanAnnouncedAreRefused) {
+  const BlockStateArchive a = Archive("abcdef");
+  v1::StateChunk first;
+  StateChunker(&a, 4).Next(&first);  // 4 of the 6 bytes
+  {
+    StateAssembler s("load_state");
+    s.Start(first);
+    ASSERT_TRUE(s.Append(first).ok());
+    auto r = s.Finish();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(r.status().message().find("received 4 bytes of the 6"),
+              std::string::npos)
+        << r.status();
+  }
+  {
+    StateAssembler s("load_state");
+    s.Start(first);
+    ASSERT_TRUE(s.Append(first).ok());
+    absl::Status st = s.Append(first);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("more than the 6 bytes"), std::string::npos);
+  }
+  EXPECT_EQ(StateAssembler("load_state").Finish().status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RpcStatus, OnlyTransientCodesAreRetried) {
+  for (auto code : {absl::StatusCode::kUnavailable, absl::StatusCode::kAborted,
+                    absl::StatusCode::kDeadlineExceeded,
+                    absl::StatusCode::kCancelled, absl::StatusCode::kUnknown}) {
+    EXPECT_TRUE(IsTransient(absl::Status(code, "x"))) << code;
+  }
+  for (auto code :
+       {absl::StatusCode::kOk, absl::StatusCode::kInvalidArgument,
+        absl::StatusCode::kFailedPrecondition, absl::StatusCode::kDataLoss,
+        absl::StatusCode::kUnauthenticated, absl::StatusCode::kPermissionDenied,
+        absl::StatusCode::kResourceExhausted, absl::StatusCode::kNotFound,
+        absl::StatusCode::kInternal, absl::StatusCode::kUnimplemented}) {
+    EXPECT_FALSE(IsTransient(absl::Status(code, "x"))) << code;
+  }
+  absl::Status s = CallFailed(
+      "worker 1 (h:1)", "get_state",
+      grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not yours"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(s.message(), "worker 1 (h:1): get_state failed: not yours");
+}
+
+class WorkerClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("client");
+    worker_ = StartWorker(kWorker, dir_, 0);
+    ASSERT_GT(worker_.port, 0);
+    client_ = std::make_unique<WorkerClient>("worker 0", worker_.address(),
+                                             1 << 20, TransportSecurity{});
+    auto r = client_->Configure(OneBlockRequest("run-1"), Later(), true);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  void TearDown() override {
+    StopWorker(worker_);
+    std::filesystem::remove_all(dir_);
+  }
+  static absl::Time Later() { return absl::Now() + absl::Seconds(20); }
+
+  std::string dir_;
+  WorkerProcess worker_;
+  std::unique_ptr<WorkerClient> client_;
+};
+
+TEST_F(WorkerClientTest, RefusalsKeepTheirCodeAndNameTheWorkerAndTheCall) {
+  v1::GetStateRequest other;
+  other.set_run_id("someone-else");
+  auto r = client_->GetState(other, Later());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+      << r.status();
+  EXPECT_EQ(r.status().message().rfind(
+                "worker 0 (" + worker_.address() + "): get_state failed: ", 0),
+            0u)
+      << r.status();
+  EXPECT_FALSE(IsTransient(r.status()));
+
+  v1::SaveStateRequest save;
+  save.set_run_id("run-1");
+  save.set_generation(2);  // not the configured generation
+  auto s = client_->SaveState(save, 0, Later(), 1 << 30);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition)
+      << s.status();
+  EXPECT_NE(s.status().message().find("save_state failed"), std::string::npos);
+
+  // Nobody listens: unreachable, which a caller may retry.
+  WorkerClient nobody("worker 5", "127.0.0.1:1", 1 << 20, {});
+  auto gone = nobody.GetState({}, absl::Now() + absl::Seconds(2));
+  EXPECT_TRUE(IsTransient(gone.status())) << gone.status();
+  EXPECT_NE(gone.status().message().find("worker 5 (127.0.0.1:1)"),
+            std::string::npos);
+}
+
+TEST_F(WorkerClientTest, StateGoesOutAndComesBackWhole) {
+  auto stub = v1::Worker::NewStub(Plaintext(worker_));
+  // The parameters and step of the block, as GetState reports them.
+  auto state_of = [&] {
+    auto r = client_->GetState({}, Later());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->SerializeAsString() : std::string();
+  };
+  ASSERT_TRUE(StreamOnce(stub.get(), Forward("run-1", 0)).ok());
+  const std::string after_one = state_of();
+
+  v1::SaveStateRequest save;
+  save.set_run_id("run-1");
+  save.set_generation(1);
+  save.set_chunk_bytes(1000);  // several chunks
+  auto saved = client_->SaveState(save, 0, Later(), 1 << 30);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_GT(saved->bytes.size(), 2000u);
+  EXPECT_EQ(saved->step, 1);
+  EXPECT_EQ(saved->block, 0);
+
+  // A caller bounding the state below its size refuses it.
+  auto small = client_->SaveState(save, 0, Later(), 100);
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kDataLoss);
+
+  ASSERT_TRUE(StreamOnce(stub.get(), Forward("run-1", 1)).ok());
+  ASSERT_NE(state_of(), after_one);
+
+  // Bytes altered on the way: the worker's SHA-256 check refuses them, and
+  // the client reports that code, not UNAVAILABLE.
+  BlockStateArchive bad = *saved;
+  bad.bytes[bad.bytes.size() / 2] ^= 0x20;
+  absl::Status refused = client_->LoadState(bad, Later());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
+  EXPECT_NE(refused.message().find("load_state failed"), std::string::npos);
+
+  absl::Status loaded = client_->LoadState(*saved, Later());
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  EXPECT_EQ(state_of(), after_one);
+}
+
+}  // namespace
+}  // namespace interlock
