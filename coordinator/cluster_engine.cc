@@ -11,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "proto/worker.grpc.pb.h"
+#include "rpc/status.h"
 #include "rpc/worker_client.h"
+#include "services/failure.h"
 #include "services/models.h"
 #include "services/sha256.h"
 #include "services/status_macros.h"
@@ -92,23 +94,54 @@ class ClusterEngine : public Engine {
                                       /*wait_for_ready=*/generation_ == 1)
                           .status());
     }
-    StreamClient::Handlers h;
-    // Messages and the end of a stream of an earlier attempt (before a
-    // Recover) are ignored: only the current stream counts.
+    // Messages and the end of streams of an earlier attempt (before a
+    // Recover) are ignored: only the current streams count.
     const int64_t epoch = ++stream_epoch_;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stream_done_ = false;
+      closing_ = false;
+      opened_ = 0;
+      controls_live_ = k_blocks;
+    }
+    RETURN_IF_ERROR(OpenControls(epoch, deadline));
+    StreamClient::Handlers h;
     h.on_message = [this, epoch](v1::UpMessage m) {
       if (epoch == stream_epoch_) OnUp(std::move(m));
     };
     h.on_done = [this, epoch](const grpc::Status& s) {
       OnStreamDone(epoch, s);
     };
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stream_done_ = false;
-      closing_ = false;
-    }
     stream_ = peers_[0]->OpenStream(std::move(h));
     return absl::OkStatus();
+  }
+
+  // One control stream per worker; returns once every worker has taken its
+  // own, so that nothing it reports is lost.
+  absl::Status OpenControls(int64_t epoch, absl::Time deadline) {
+    v1::ControlRequest req;
+    req.set_run_id(run_id_);
+    req.set_generation(generation_);
+    controls_.clear();
+    for (int k = 0; k < num_blocks(); ++k) {
+      ControlClient::Handlers h;
+      h.on_event = [this, epoch, k](v1::ControlEvent e) {
+        if (epoch == stream_epoch_) OnControl(k, std::move(e));
+      };
+      h.on_done = [this, epoch, k](const grpc::Status& s) {
+        OnControlDone(epoch, k, s);
+      };
+      controls_.push_back(peers_[k]->OpenControl(req, std::move(h)));
+    }
+    std::unique_lock<std::mutex> l(mu_);
+    const int k_blocks = num_blocks();
+    if (!cv_.wait_until(l, absl::ToChronoTime(deadline),
+                        [&] { return opened_ == k_blocks || !error_.ok(); })) {
+      return absl::UnavailableError(
+          absl::StrCat("only ", opened_, " of ", k_blocks,
+                       " workers opened their control stream in time"));
+    }
+    return error_;
   }
 
   absl::Status Recover(absl::Duration timeout) override {
@@ -248,21 +281,27 @@ class ClusterEngine : public Engine {
   void Shutdown() override { CloseStream(); }
 
  private:
+  // Ends the data stream (half-close, cancelled if it does not end) and the
+  // control streams, and waits until gRPC is done with them: their
+  // handlers point at this engine.
   void CloseStream() {
-    if (!stream_) return;
     {
       std::lock_guard<std::mutex> l(mu_);
       closing_ = true;
     }
-    stream_->CloseWrites();
+    if (stream_) stream_->CloseWrites();
+    for (auto& c : controls_) c->Cancel();
     std::unique_lock<std::mutex> l(mu_);
-    if (!cv_.wait_for(l, std::chrono::seconds(5),
-                      [&] { return stream_done_; })) {
-      stream_->Cancel();
-      cv_.wait_for(l, std::chrono::seconds(5), [&] { return stream_done_; });
+    auto done = [&] {
+      return (!stream_ || stream_done_) && controls_live_ == 0;
+    };
+    if (!cv_.wait_for(l, std::chrono::seconds(5), done)) {
+      if (stream_) stream_->Cancel();
+      cv_.wait_for(l, std::chrono::seconds(60), done);
     }
     l.unlock();
     stream_.reset();
+    controls_.clear();
   }
 
   void WorkerState(int block, bool up) {
@@ -282,46 +321,72 @@ class ClusterEngine : public Engine {
   }
 
   void OnUp(v1::UpMessage m) {
-    switch (m.kind_case()) {
-      case v1::UpMessage::kUpward: {
-        auto up = codec_.DecodeUpward(m.upward());
-        if (!up.ok()) {
-          Fail(up.status());
-          return;
-        }
-        Push(std::move(*up));
-        return;
-      }
-      case v1::UpMessage::kStepDone: {
-        Push(codec_.DecodeStepDone(m.step_done()));
-        return;
-      }
-      case v1::UpMessage::kDuplicate: {
-        const auto& d = m.duplicate();
-        Push(DuplicateAck{d.block(), d.step(), d.microbatch()});
-        return;
-      }
-      case v1::UpMessage::kEval: {
+    if (m.kind_case() != v1::UpMessage::kUpward) {
+      Fail(absl::InternalError("worker 0: empty upward message"));
+      return;
+    }
+    auto up = codec_.DecodeUpward(m.upward());
+    if (!up.ok()) {
+      Fail(up.status());
+      return;
+    }
+    Push(std::move(*up));
+  }
+
+  void OnControl(int k, v1::ControlEvent e) {
+    // What a worker reports is of its own block.
+    int block = k;
+    switch (e.kind_case()) {
+      case v1::ControlEvent::kOpened: {
         std::lock_guard<std::mutex> l(mu_);
-        evals_[m.eval().batch()].push_back(codec_.DecodeEvalResult(m.eval()));
+        ++opened_;
         cv_.notify_all();
         return;
       }
-      case v1::UpMessage::kFailure: {
-        const auto& f = m.failure();
-        const std::string where =
-            f.address().empty() ? "" : absl::StrCat(" (", f.address(), ")");
-        if (f.block() >= 0 && f.block() < num_blocks()) {
-          WorkerState(f.block(), false);
-        }
-        Fail(absl::Status(static_cast<absl::StatusCode>(f.code()),
-                          absl::StrCat("worker ", f.block(), where,
-                                       " failed: ", f.message())));
+      case v1::ControlEvent::kStepDone:
+        block = e.step_done().block();
+        if (block == k) Push(codec_.DecodeStepDone(e.step_done()));
+        break;
+      case v1::ControlEvent::kDuplicate: {
+        const auto& d = e.duplicate();
+        block = d.block();
+        if (block == k) Push(DuplicateAck{d.block(), d.step(), d.microbatch()});
+        break;
+      }
+      case v1::ControlEvent::kEval: {
+        block = e.eval().block();
+        if (block != k) break;
+        std::lock_guard<std::mutex> l(mu_);
+        evals_[e.eval().batch()].push_back(codec_.DecodeEvalResult(e.eval()));
+        cv_.notify_all();
+        return;
+      }
+      case v1::ControlEvent::kFailure: {
+        std::lock_guard<std::mutex> l(mu_);
+        FailLocked(e.failure());
         return;
       }
       default:
-        return;
+        break;
     }
+    if (block != k) {
+      Fail(absl::InternalError(
+          absl::StrCat(peers_[k]->label(), ": reported for block ", block)));
+    }
+  }
+
+  // A failure a worker reported: names the culprit it saw.
+  void FailLocked(const v1::Failure& f) {
+    if (!error_.ok()) return;
+    if (f.block() >= 0 && f.block() < num_blocks())
+      WorkerState(f.block(), false);
+    const std::string where =
+        f.address().empty() ? "" : absl::StrCat(" (", f.address(), ")");
+    error_ = absl::Status(
+        static_cast<absl::StatusCode>(f.code()),
+        absl::StrCat("worker ", f.block(), where, " failed: ", f.message()));
+    if (error_.ok()) error_ = absl::UnknownError(f.message());
+    cv_.notify_all();
   }
 
   void Push(EngineEvent e) {
@@ -336,11 +401,28 @@ class ClusterEngine : public Engine {
     std::lock_guard<std::mutex> l(mu_);
     if (epoch != stream_epoch_) return;
     stream_done_ = true;
-    if ((!closing_ || !s.ok()) && error_.ok()) {
+    // A block that stopped the chain says who failed on the status.
+    if (auto f = ReportedFailure(FromGrpcStatus(s))) {
+      FailLocked(*f);
+    } else if ((!closing_ || !s.ok()) && error_.ok()) {
       if (!closing_) WorkerState(0, false);
-      // A failure message from below, if any, already named the culprit.
       error_ = absl::UnavailableError(absl::StrCat(
           peers_[0]->label(), ": stream ended: ",
+          s.ok() ? std::string("closed by the worker") : s.error_message()));
+    }
+    cv_.notify_all();
+  }
+
+  void OnControlDone(int64_t epoch, int k, const grpc::Status& s) {
+    // Under the lock, notify included, as OnStreamDone.
+    std::lock_guard<std::mutex> l(mu_);
+    if (epoch != stream_epoch_) return;
+    --controls_live_;
+    if (!closing_ && error_.ok()) {
+      // The worker itself went away (or refused the stream): first-hand.
+      WorkerState(k, false);
+      error_ = absl::UnavailableError(absl::StrCat(
+          peers_[k]->label(), ": control stream ended: ",
           s.ok() ? std::string("closed by the worker") : s.error_message()));
     }
     cv_.notify_all();
@@ -356,6 +438,7 @@ class ClusterEngine : public Engine {
   int64_t max_bytes_ = 0;
   std::vector<std::unique_ptr<WorkerClient>> peers_;
   std::shared_ptr<StreamClient> stream_;
+  std::vector<std::shared_ptr<ControlClient>> controls_;
   int64_t next_eval_ = 0;
 
   std::mutex mu_;
@@ -365,6 +448,8 @@ class ClusterEngine : public Engine {
   absl::Status error_;
   bool closing_ = false;
   bool stream_done_ = false;
+  int opened_ = 0;         // control streams the workers took
+  int controls_live_ = 0;  // control streams not done yet
 };
 
 }  // namespace

@@ -1,8 +1,10 @@
 #include "rpc/status.h"
 
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "services/failure.h"
 
 namespace interlock {
 
@@ -10,13 +12,20 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   std::string msg(s.message());
   if (msg.size() > 4096) msg.resize(4096);
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), msg);
+  // A reported failure travels as the status details (a trailer).
+  auto failure = s.GetPayload(kFailurePayload);
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), msg,
+                      failure ? std::string(*failure) : std::string());
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_message());
+  absl::Status out(static_cast<absl::StatusCode>(s.error_code()),
+                   s.error_message());
+  if (!s.error_details().empty()) {
+    out.SetPayload(kFailurePayload, absl::Cord(s.error_details()));
+  }
+  return out;
 }
 
 absl::Status CallFailed(absl::string_view who, absl::string_view call,

@@ -11,7 +11,8 @@
 namespace interlock {
 
 // Both code sets follow google.rpc.Code, so the conversion is a cast. The
-// message is bounded: it goes back to whoever sent the request.
+// message is bounded: it goes back to whoever sent the request. A failure
+// marked as reported (services/failure.h) travels as the status details.
 grpc::Status ToGrpcStatus(const absl::Status& s);
 absl::Status FromGrpcStatus(const grpc::Status& s);
 

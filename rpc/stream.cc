@@ -67,4 +67,32 @@ void StreamClient::OnDone(const grpc::Status& s) {
   if (handlers_.on_done) handlers_.on_done(s);
 }
 
+std::shared_ptr<ControlClient> ControlClient::Open(
+    interlock::v1::Worker::Stub* stub,
+    const interlock::v1::ControlRequest& request, Handlers handlers) {
+  std::shared_ptr<ControlClient> c(new ControlClient(std::move(handlers)));
+  c->self_ = c;
+  c->request_ = request;  // read by gRPC until the call starts
+  stub->async()->Control(&c->ctx_, &c->request_, c.get());
+  c->StartRead(&c->incoming_);
+  c->StartCall();
+  return c;
+}
+
+void ControlClient::OnReadDone(bool ok) {
+  if (!ok) return;  // end of stream; OnDone follows
+  if (handlers_.on_event) handlers_.on_event(std::move(incoming_));
+  incoming_.Clear();
+  StartRead(&incoming_);
+}
+
+void ControlClient::OnDone(const grpc::Status& s) {
+  std::shared_ptr<ControlClient> keep;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    keep = std::move(self_);
+  }
+  if (handlers_.on_done) handlers_.on_done(s);
+}
+
 }  // namespace interlock

@@ -1,6 +1,7 @@
-// Client side of a Worker.Stream link (coordinator -> block 0, block k ->
-// block k+1): a callback-API reactor with a write queue, so callers never
-// block and only one write is in flight at a time.
+// Client sides of a worker's streams: the Stream link (coordinator -> block
+// 0, block k -> block k+1), a callback-API reactor with a write queue, so
+// callers never block and only one write is in flight at a time; and the
+// Control stream (worker -> coordinator).
 #ifndef INTERLOCK_RPC_STREAM_H_
 #define INTERLOCK_RPC_STREAM_H_
 
@@ -54,6 +55,40 @@ class StreamClient : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
   bool closed_ = false;
   bool done_ = false;
   std::shared_ptr<StreamClient> self_;  // keeps the reactor alive until OnDone
+};
+
+// Client side of a worker's Control stream (the coordinator): reads events
+// until the stream ends or Cancel.
+class ControlClient
+    : public grpc::ClientReadReactor<interlock::v1::ControlEvent> {
+ public:
+  struct Handlers {
+    // Called on a gRPC thread for every event read; must not block.
+    std::function<void(interlock::v1::ControlEvent)> on_event;
+    // Called once when the stream has ended.
+    std::function<void(const grpc::Status&)> on_done;
+  };
+
+  // Opens the stream. The returned object stays alive until on_done ran and
+  // the caller dropped its reference.
+  static std::shared_ptr<ControlClient> Open(
+      interlock::v1::Worker::Stub* stub,
+      const interlock::v1::ControlRequest& request, Handlers handlers);
+
+  void Cancel() { ctx_.TryCancel(); }
+
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& s) override;
+
+ private:
+  explicit ControlClient(Handlers h) : handlers_(std::move(h)) {}
+
+  Handlers handlers_;
+  grpc::ClientContext ctx_;
+  interlock::v1::ControlRequest request_;
+  interlock::v1::ControlEvent incoming_;
+  std::mutex mu_;
+  std::shared_ptr<ControlClient> self_;  // keeps the reactor alive until OnDone
 };
 
 }  // namespace interlock

@@ -102,14 +102,24 @@ absl::Status WorkerClient::LoadState(const BlockStateArchive& state,
   return CallFailed(label_, "load_state", s);
 }
 
-std::shared_ptr<StreamClient> WorkerClient::OpenStream(
-    StreamClient::Handlers handlers) {
-  handlers.on_done = [channel = channel_, stub = stub_,
-                      on_done =
-                          std::move(handlers.on_done)](const grpc::Status& s) {
+std::function<void(const grpc::Status&)> WorkerClient::Holding(
+    std::function<void(const grpc::Status&)> on_done) const {
+  return [channel = channel_, stub = stub_,
+          on_done = std::move(on_done)](const grpc::Status& s) {
     if (on_done) on_done(s);
   };
+}
+
+std::shared_ptr<StreamClient> WorkerClient::OpenStream(
+    StreamClient::Handlers handlers) {
+  handlers.on_done = Holding(std::move(handlers.on_done));
   return StreamClient::Open(stub_.get(), std::move(handlers));
+}
+
+std::shared_ptr<ControlClient> WorkerClient::OpenControl(
+    const v1::ControlRequest& request, ControlClient::Handlers handlers) {
+  handlers.on_done = Holding(std::move(handlers.on_done));
+  return ControlClient::Open(stub_.get(), request, std::move(handlers));
 }
 
 }  // namespace interlock

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -50,8 +51,16 @@ class WorkerClient {
   // Opens the worker's Stream. The stream keeps the channel and stub alive
   // until `on_done` ran, however long this client lives.
   std::shared_ptr<StreamClient> OpenStream(StreamClient::Handlers handlers);
+  // Opens the worker's Control stream, kept alive the same way.
+  std::shared_ptr<ControlClient> OpenControl(
+      const interlock::v1::ControlRequest& request,
+      ControlClient::Handlers handlers);
 
  private:
+  // `on_done` holding the channel and stub until the call ended.
+  std::function<void(const grpc::Status&)> Holding(
+      std::function<void(const grpc::Status&)> on_done) const;
+
   const std::string address_;
   const std::string label_;
   std::shared_ptr<grpc::Channel> channel_;

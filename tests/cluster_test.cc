@@ -17,6 +17,7 @@
 #include "services/digest.h"
 #include "services/wire.h"
 #include "tests/cluster_util.h"
+#include "tests/control_watcher.h"
 #include "tests/test_util.h"
 
 namespace interlock {
@@ -24,8 +25,10 @@ namespace {
 
 namespace v1 = interlock::v1;
 using interlock::testing::Child;
+using interlock::testing::ControlWatcher;
 using interlock::testing::HealthStatus;
 using interlock::testing::HttpGet;
+using interlock::testing::kTwoBlocks;
 using interlock::testing::LinesIn;
 using interlock::testing::MakeTempDir;
 using interlock::testing::MetricSum;
@@ -229,6 +232,7 @@ class BadInputTest : public ::testing::Test {
     Configure("run-1");
   }
   void TearDown() override {
+    control_.reset();
     StopWorker(worker_);
     if (HasFailure()) {
       std::cerr << "worker log:\n"
@@ -238,8 +242,11 @@ class BadInputTest : public ::testing::Test {
   }
 
   void Configure(const std::string& run_id) {
+    control_.reset();
     grpc::Status st = ConfigureBlock0(stub_.get(), run_id, kOneBlock, 1, "");
     ASSERT_TRUE(st.ok()) << st.error_message();
+    control_ = std::make_unique<ControlWatcher>(stub_.get(), run_id);
+    ASSERT_TRUE(control_->opened());
     run_id_ = run_id;
     step_ = 0;
     mb_ = 0;
@@ -289,15 +296,20 @@ class BadInputTest : public ::testing::Test {
     const bool ends_step = mb_ == 1;
     bool upward = false, step_done = false;
     v1::UpMessage reply;
-    while ((!upward || (ends_step && !step_done)) && stream->Read(&reply)) {
+    while (!upward && stream->Read(&reply)) {
       if (reply.has_upward()) {
         upward = true;
         EXPECT_EQ(reply.upward().step(), step_);
         EXPECT_EQ(reply.upward().microbatch(), mb_);
       }
-      if (reply.has_step_done()) {
-        step_done = true;
-        EXPECT_EQ(reply.step_done().step(), step_);
+    }
+    // The step report comes on the control stream.
+    if (ends_step) {
+      auto done =
+          control_->Await([](const auto& e) { return e.has_step_done(); });
+      step_done = done.has_value();
+      if (done) {
+        EXPECT_EQ(done->step_done().step(), step_);
       }
     }
     stream->WritesDone();
@@ -326,6 +338,7 @@ class BadInputTest : public ::testing::Test {
   WorkerProcess worker_;
   std::unique_ptr<v1::Worker::Stub> stub_;
   std::string run_id_;
+  std::unique_ptr<ControlWatcher> control_;
   int64_t step_ = 0;
   int mb_ = 0;
 };
@@ -457,13 +470,24 @@ TEST_F(BadInputTest, RepeatedMicroBatchIsAcknowledgedNotApplied) {
     v1::DownMessage m = Valid();
     m.mutable_forward()->set_step(step);
     m.mutable_forward()->set_microbatch(mb);
-    v1::UpMessage reply;
-    grpc::Status s = SendOnce(m, &reply);
+    // No reply comes on the stream: the acknowledgement is on the control
+    // stream, and the stream ends normally once closed.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    auto stream = stub_->Stream(&ctx);
+    stream->Write(m);
+    auto ack = control_->Await([](const auto& e) { return e.has_duplicate(); });
+    stream->WritesDone();
+    v1::UpMessage rest;
+    while (stream->Read(&rest)) {
+    }
+    grpc::Status s = stream->Finish();
     EXPECT_TRUE(s.ok()) << s.error_message();
-    ASSERT_TRUE(reply.has_duplicate()) << reply.DebugString();
-    EXPECT_EQ(reply.duplicate().step(), step);
-    EXPECT_EQ(reply.duplicate().microbatch(), mb);
-    EXPECT_EQ(reply.duplicate().block(), 0);
+    ASSERT_TRUE(ack.has_value());
+    EXPECT_EQ(ack->duplicate().step(), step);
+    EXPECT_EQ(ack->duplicate().microbatch(), mb);
+    EXPECT_EQ(ack->duplicate().block(), 0);
   }
   EXPECT_EQ(StateDigest(stub_.get()), before);
   ExpectServes();
@@ -590,20 +614,6 @@ class HostileDownstream final : public v1::Worker::Service {
   std::function<torch::Tensor(c10::IntArrayRef)> gradient_;
 };
 
-constexpr char kTwoBlocks[] = R"pb(
-  model {
-    resnet { architecture: "8,1/16,1" }
-    partition: "2,rest"
-    head: "gbpl_fc"
-  }
-  data {
-    kind: SYNTHETIC_IMAGES
-    synthetic_shape: [ 3, 8, 8 ]
-    synthetic_classes: 4
-  }
-  training { mode: INTERLOCK n: 2 batch_size: 2 }
-)pb";
-
 void ExpectGradientRefused(std::function<torch::Tensor(c10::IntArrayRef)> g,
                            const std::string& fragment) {
   const std::string dir = MakeTempDir("hostile");
@@ -623,6 +633,8 @@ void ExpectGradientRefused(std::function<torch::Tensor(c10::IntArrayRef)> g,
     return ConfigureBlock0(stub.get(), run_id, kTwoBlocks, 2, fake_address);
   };
   ASSERT_TRUE(configure("hostile-1").ok());
+  auto control = std::make_unique<ControlWatcher>(stub.get(), "hostile-1");
+  ASSERT_TRUE(control->opened());
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   auto stream = stub->Stream(&ctx);
@@ -636,11 +648,16 @@ void ExpectGradientRefused(std::function<torch::Tensor(c10::IntArrayRef)> g,
   EncodeTensor(torch::tensor({0, 1}, torch::kInt64), f->mutable_target());
   stream->Write(m);
   v1::UpMessage up;
-  std::string failure;
   while (stream->Read(&up)) {
-    if (up.has_failure()) failure = up.failure().message();
   }
   grpc::Status st = stream->Finish();
+  // Reported first-hand on the control stream, naming the culprit.
+  auto reported = control->Await([](const auto& e) { return e.has_failure(); });
+  ASSERT_TRUE(reported.has_value());
+  EXPECT_EQ(reported->failure().block(), 1);
+  EXPECT_EQ(reported->failure().address(), fake_address);
+  const std::string failure = reported->failure().message();
+  control.reset();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << st.error_message();
   EXPECT_NE(st.error_message().find(fragment), std::string::npos)

@@ -24,6 +24,21 @@
 
 namespace interlock::testing {
 
+// A two-block ResNet on 3x8x8 synthetic images with 4 classes, 2-way.
+inline constexpr char kTwoBlocks[] = R"pb(
+  model {
+    resnet { architecture: "8,1/16,1" }
+    partition: "2,rest"
+    head: "gbpl_fc"
+  }
+  data {
+    kind: SYNTHETIC_IMAGES
+    synthetic_shape: [ 3, 8, 8 ]
+    synthetic_classes: 4
+  }
+  training { mode: INTERLOCK n: 2 batch_size: 2 }
+)pb";
+
 inline std::string MakeTempDir(const std::string& tag) {
   std::string tmpl = "/tmp/interlock-test-" + tag + "-XXXXXX";
   return mkdtemp(tmpl.data());

@@ -10,12 +10,14 @@
 #include "rpc/state_chunks.h"
 #include "rpc/status.h"
 #include "services/sha256.h"
+#include "tests/control_watcher.h"
 #include "tests/worker_test_util.h"
 
 namespace interlock {
 namespace {
 
 using namespace interlock::worker_test;  // NOLINT
+using interlock::testing::ControlWatcher;
 
 BlockStateArchive Archive(std::string bytes) {
   BlockStateArchive a;
@@ -209,6 +211,79 @@ TEST_F(WorkerClientTest, StateGoesOutAndComesBackWhole) {
   absl::Status loaded = client_->LoadState(*saved, Later());
   ASSERT_TRUE(loaded.ok()) << loaded;
   EXPECT_EQ(state_of(), after_one);
+}
+
+// Block 0's and block 1's workers of run "cp-1", configured.
+void ExpectEachReportsItsOwn(v1::Worker::Stub* stub0, v1::Worker::Stub* stub1) {
+  // Another run's control stream is refused and takes nothing over.
+  {
+    ControlWatcher foreign(stub1, "cp-other");
+    EXPECT_FALSE(foreign.opened());
+    auto st = foreign.status();
+    ASSERT_TRUE(st.has_value());
+    EXPECT_EQ(st->error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << st->error_message();
+  }
+  auto first = std::make_unique<ControlWatcher>(stub1, "cp-1");
+  ASSERT_TRUE(first->opened());
+  // A newer one of the run replaces it.
+  ControlWatcher control1(stub1, "cp-1");
+  ASSERT_TRUE(control1.opened());
+  first->Await([](const auto&) { return false; }, std::chrono::seconds(10));
+  ASSERT_TRUE(first->status().has_value());
+  EXPECT_EQ(first->status()->error_code(), grpc::StatusCode::ABORTED);
+  first.reset();
+  ControlWatcher control0(stub0, "cp-1");
+  ASSERT_TRUE(control0.opened());
+
+  bool completed = false;
+  ASSERT_TRUE(StreamOnce(stub0, Forward("cp-1", 0), &completed).ok());
+  EXPECT_TRUE(completed);
+  auto block_step = [](int block) {
+    return [block](const v1::ControlEvent& e) {
+      return e.has_step_done() && e.step_done().block() == block;
+    };
+  };
+  auto done1 = control1.Await(block_step(1));
+  ASSERT_TRUE(done1.has_value());
+  EXPECT_EQ(done1->step_done().step(), 0);
+  auto done0 = control0.Await(block_step(0));
+  ASSERT_TRUE(done0.has_value());
+  EXPECT_EQ(done0->step_done().step(), 0);
+  // Block 1's report did not come through worker 0.
+  EXPECT_FALSE(
+      control0.Await(block_step(1), std::chrono::seconds(1)).has_value());
+}
+
+// A two-block chain driven by hand: each worker reports its own block's
+// step on its own control stream; nothing but gradients travels up the
+// chain, and a control stream is only for the configured run.
+TEST(ControlPlane, EachWorkerReportsItsOwnBlockDirectly) {
+  const std::string dir = MakeTempDir("control");
+  WorkerProcess w0 = StartWorker(kWorker, dir, 0);
+  WorkerProcess w1 = StartWorker(kWorker, dir, 1);
+  ASSERT_GT(w0.port, 0);
+  ASSERT_GT(w1.port, 0);
+  auto config = ParseRunConfig(interlock::testing::kTwoBlocks, "test");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const absl::Time later = absl::Now() + absl::Seconds(30);
+  WorkerClient c0("worker 0", w0.address(), 1 << 20, {});
+  WorkerClient c1("worker 1", w1.address(), 1 << 20, {});
+  for (int k : {1, 0}) {
+    v1::ConfigureRequest req = OneBlockRequest("cp-1");
+    *req.mutable_config() = *config;
+    req.set_block(k);
+    req.set_num_blocks(2);
+    if (k == 0) req.set_next_address(w1.address());
+    auto r = (k == 0 ? c0 : c1).Configure(req, later, true);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  auto stub0 = v1::Worker::NewStub(Plaintext(w0));
+  auto stub1 = v1::Worker::NewStub(Plaintext(w1));
+  ExpectEachReportsItsOwn(stub0.get(), stub1.get());
+  StopWorker(w0);
+  StopWorker(w1);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -86,6 +86,7 @@ BlockMetrics& WorkerMetrics::ForBlock(int block, int replica) {
   m.idle_seconds = &idle_->Add(base);
   m.sent_down_bytes = &sent_->Add(with("direction", "down"));
   m.sent_up_bytes = &sent_->Add(with("direction", "up"));
+  m.sent_control_bytes = &sent_->Add(with("direction", "control"));
   m.received_down_bytes = &received_->Add(with("direction", "down"));
   m.received_up_bytes = &received_->Add(with("direction", "up"));
   m.rejected = &rejected_->Add(base);

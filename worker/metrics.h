@@ -26,6 +26,7 @@ struct BlockMetrics {
   prometheus::Counter* idle_seconds = nullptr;
   prometheus::Counter* sent_down_bytes = nullptr;
   prometheus::Counter* sent_up_bytes = nullptr;
+  prometheus::Counter* sent_control_bytes = nullptr;
   prometheus::Counter* received_down_bytes = nullptr;
   prometheus::Counter* received_up_bytes = nullptr;
   prometheus::Counter* rejected = nullptr;

@@ -114,14 +114,16 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   if (run_) {
     if (run_->link) run_->link->Close();
     std::shared_ptr<UpstreamSink> old;
+    std::shared_ptr<ControlSink> old_control;
     {
       std::lock_guard<std::mutex> l(sink_mu_);
       old = sink_;
+      old_control = std::move(control_);
     }
-    if (old) {
-      old->Finish(absl::AbortedError(absl::StrCat(
-          "block ", run_->block, " reconfigured for run ", req.run_id())));
-    }
+    const absl::Status ended = absl::AbortedError(absl::StrCat(
+        "block ", run_->block, " reconfigured for run ", req.run_id()));
+    if (old) old->Finish(ended);
+    if (old_control) old_control->Finish(ended);
     run_.reset();
     host_.set_driver(nullptr);
   }
@@ -225,9 +227,9 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   cb.step_done = [this, r](StepDone d) {
     r->metrics->step->Set(static_cast<double>(d.step + 1));
     r->metrics->optimizer_seconds->Observe(d.timing.seconds);
-    v1::UpMessage msg;
+    v1::ControlEvent msg;
     r->codec.EncodeStepDone(d, msg.mutable_step_done());
-    SendUp(std::move(msg));
+    SendControl(std::move(msg));
   };
   host_.set_driver(std::make_unique<BlockDriver>(std::move(trainer), cb));
   run->driver = host_.driver();

@@ -29,6 +29,15 @@ class UpstreamSink {
   virtual void Finish(const absl::Status& status) = 0;
 };
 
+// The worker's control stream to the coordinator.
+class ControlSink {
+ public:
+  virtual ~ControlSink() = default;
+  virtual void Send(interlock::v1::ControlEvent event) = 0;
+  // Ends the stream with this status (once; later calls are ignored).
+  virtual void Finish(const absl::Status& status) = 0;
+};
+
 // The stream to block k+1.
 class DownstreamLink {
  public:
@@ -109,6 +118,13 @@ class WorkerCore {
   // already ended it) after the messages it sent have been handled.
   void OnDownClosed(std::shared_ptr<UpstreamSink> from);
 
+  // Makes `sink` the control stream if `request` names the configured run
+  // and generation (the previous one ends), and tells it so with an
+  // `opened` event; otherwise ends `sink` with the refusal. On the executor.
+  void OpenControl(const interlock::v1::ControlRequest& request,
+                   std::shared_ptr<ControlSink> sink);
+  void CloseControl(const ControlSink* sink);
+
   // Called with true once a block is configured (health SERVING).
   void set_on_configured(std::function<void(bool)> f) {
     on_configured_ = std::move(f);
@@ -130,9 +146,15 @@ class WorkerCore {
   void HandleUp(uint64_t link_id, interlock::v1::UpMessage msg);
   void HandleLinkDone(uint64_t link_id, absl::Status status);
   void SendUp(interlock::v1::UpMessage msg);
+  // To the coordinator, on the control stream (dropped when none is open:
+  // the coordinator opens one before it sends anything).
+  void SendControl(interlock::v1::ControlEvent event);
   void SendDown(interlock::v1::DownMessage msg);
-  // Reports a failure to the coordinator and ends the incoming stream.
+  // Reports a failure to the coordinator and ends the incoming stream with
+  // it, marked as reported (services/failure.h).
   void FailRun(int block, const std::string& address, const absl::Status& s);
+  // Ends the incoming stream with `s`; the run stops here.
+  void EndUpstream(const absl::Status& s);
   // The configured run, if `run_id` and `generation` name it.
   absl::Status CheckRun(const std::string& what, const std::string& run_id,
                         int64_t generation) const;
@@ -147,7 +169,8 @@ class WorkerCore {
   uint64_t next_link_id_ = 1;
 
   std::mutex sink_mu_;
-  std::shared_ptr<UpstreamSink> sink_;  // guarded by sink_mu_
+  std::shared_ptr<UpstreamSink> sink_;    // guarded by sink_mu_
+  std::shared_ptr<ControlSink> control_;  // guarded by sink_mu_
 
   // Every touch of the block and of run_ happens on its executor. Last:
   // it stops before the rest goes.

@@ -1,7 +1,9 @@
-// WorkerCore: the messages of the block's two streams, from the upstream
-// sink and from the link to the next block, all on the host's executor.
+// WorkerCore: the messages of the block's streams (from the upstream sink,
+// from the link to the next block, and its control stream to the
+// coordinator), all on the host's executor.
 #include "absl/strings/str_cat.h"
 #include "services/config.h"
+#include "services/failure.h"
 #include "services/status_macros.h"
 #include "services/wire_codec.h"
 #include "worker/worker_core.h"
@@ -22,6 +24,35 @@ void WorkerCore::Attach(std::shared_ptr<UpstreamSink> sink) {
 void WorkerCore::Detach(const UpstreamSink* sink) {
   std::lock_guard<std::mutex> l(sink_mu_);
   if (sink_.get() == sink) sink_.reset();
+}
+
+void WorkerCore::OpenControl(const v1::ControlRequest& request,
+                             std::shared_ptr<ControlSink> sink) {
+  host_.Post([this, request, sink = std::move(sink)] {
+    absl::Status s =
+        CheckRun("control", request.run_id(), request.generation());
+    if (!s.ok()) {
+      if (run_) run_->metrics->rejected->Increment();
+      sink->Finish(s);
+      return;
+    }
+    std::shared_ptr<ControlSink> old;
+    {
+      std::lock_guard<std::mutex> l(sink_mu_);
+      old = std::move(control_);
+      control_ = sink;
+    }
+    if (old)
+      old->Finish(absl::AbortedError("replaced by a newer control stream"));
+    v1::ControlEvent opened;
+    opened.mutable_opened()->set_block(run_->block);
+    sink->Send(std::move(opened));
+  });
+}
+
+void WorkerCore::CloseControl(const ControlSink* sink) {
+  std::lock_guard<std::mutex> l(sink_mu_);
+  if (control_.get() == sink) control_.reset();
 }
 
 void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from,
@@ -132,11 +163,11 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
   if (r.driver->Seen(f.step(), f.microbatch())) {
     // A repeat (a coordinator resending after a broken stream): applying
     // it again would count its gradient twice. Acknowledge it instead.
-    v1::UpMessage ack;
+    v1::ControlEvent ack;
     ack.mutable_duplicate()->set_block(r.block);
     ack.mutable_duplicate()->set_step(f.step());
     ack.mutable_duplicate()->set_microbatch(f.microbatch());
-    SendUp(std::move(ack));
+    SendControl(std::move(ack));
     return absl::OkStatus();
   }
   // What the run's window allows to be queued (see DoConfigure); more is
@@ -192,7 +223,7 @@ absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
                                WithBatch(b, r.target_shape),
                                where + " target"));
   ASSIGN_OR_RETURN(EvalResult res, host_.Evaluate(m, where));
-  v1::UpMessage up;
+  v1::ControlEvent up;
   const bool head = !res.loss.empty();
   const EvalReport report{m.batch,
                           r.block,
@@ -201,7 +232,7 @@ absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
                           head ? res.correct[0] : 0,
                           res.count};
   r.codec.EncodeEvalResult(report, up.mutable_eval());
-  SendUp(std::move(up));
+  SendControl(std::move(up));
   if (r.block + 1 < r.num_blocks) {
     v1::DownMessage down;
     SetHeader(r.run_id, r.generation, r.block + 1, &down);
@@ -217,12 +248,12 @@ void WorkerCore::HandleUp(uint64_t link_id, v1::UpMessage msg) {
   if (!run_ || run_->link_id != link_id) return;  // an old run's link
   Run& r = *run_;
   r.metrics->received_up_bytes->Increment(msg.ByteSizeLong());
-  if (msg.kind_case() != v1::UpMessage::kUpward) {
-    SendUp(std::move(msg));  // step reports, eval results, failures
-    return;
-  }
   bool own_failure = false;
   absl::Status s = [&]() -> absl::Status {
+    if (msg.kind_case() != v1::UpMessage::kUpward) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block ", r.block, ": empty up message from block ", r.block + 1));
+    }
     ASSIGN_OR_RETURN(UpwardMsg up,
                      r.codec.DecodeUpward(msg.upward(), options_.limits));
     for (size_t i = 0; i < up.grads.size(); ++i) {
@@ -251,6 +282,13 @@ void WorkerCore::HandleUp(uint64_t link_id, v1::UpMessage msg) {
 
 void WorkerCore::HandleLinkDone(uint64_t link_id, absl::Status status) {
   if (!run_ || run_->link_id != link_id || run_->failed) return;
+  if (ReportedFailure(status)) {
+    // A block below reported it to the coordinator itself: stop, and pass
+    // the mark on so that no block above blames its own neighbour.
+    run_->failed = true;
+    EndUpstream(status);
+    return;
+  }
   if (status.ok()) {
     status = absl::UnavailableError("stream to the next block ended");
   }
@@ -260,24 +298,24 @@ void WorkerCore::HandleLinkDone(uint64_t link_id, absl::Status status) {
 void WorkerCore::FailRun(int block, const std::string& address,
                          const absl::Status& s) {
   if (run_) run_->failed = true;
-  v1::UpMessage up;
-  auto* f = up.mutable_failure();
+  v1::ControlEvent event;
+  auto* f = event.mutable_failure();
   f->set_block(block);
   f->set_address(address);
   f->set_code(static_cast<int>(s.code()));
   f->set_message(std::string(s.message()));
-  SendUp(std::move(up));
+  const absl::Status reported = ReportedStatus(*f);
+  SendControl(std::move(event));
+  EndUpstream(reported);
+}
+
+void WorkerCore::EndUpstream(const absl::Status& s) {
   std::shared_ptr<UpstreamSink> sink;
   {
     std::lock_guard<std::mutex> l(sink_mu_);
     sink = sink_;
   }
-  if (sink) {
-    sink->Finish(absl::Status(
-        s.code(), absl::StrCat("block ", block,
-                               address.empty() ? "" : " (" + address + ")",
-                               ": ", s.message())));
-  }
+  if (sink) sink->Finish(s);
 }
 
 void WorkerCore::SendUp(v1::UpMessage msg) {
@@ -289,6 +327,17 @@ void WorkerCore::SendUp(v1::UpMessage msg) {
   if (!sink) return;  // nobody upstream: the coordinator will notice
   if (run_) run_->metrics->sent_up_bytes->Increment(msg.ByteSizeLong());
   sink->Send(std::move(msg));
+}
+
+void WorkerCore::SendControl(v1::ControlEvent event) {
+  std::shared_ptr<ControlSink> sink;
+  {
+    std::lock_guard<std::mutex> l(sink_mu_);
+    sink = control_;
+  }
+  if (!sink) return;
+  if (run_) run_->metrics->sent_control_bytes->Increment(event.ByteSizeLong());
+  sink->Send(std::move(event));
 }
 
 void WorkerCore::SendDown(v1::DownMessage msg) {

@@ -2,15 +2,15 @@
 
 #include <grpcpp/alarm.h>
 
-#include <deque>
-#include <exception>
+#include <memory>
 #include <mutex>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/state_chunks.h"
 #include "rpc/status.h"
 #include "rpc/worker_client.h"
+#include "services/status_macros.h"
+#include "worker/reactors.h"
+#include "worker/state_reactors.h"
 
 namespace interlock {
 namespace {
@@ -18,8 +18,9 @@ namespace {
 namespace v1 = interlock::v1;
 
 class StreamReactor;
+class ControlReactor;
 
-// What WorkerCore holds of a stream: outlives the reactor safely.
+// What WorkerCore holds of an incoming stream.
 class ReactorSink : public UpstreamSink {
  public:
   explicit ReactorSink(StreamReactor* r) : reactor_(r) {}
@@ -29,23 +30,24 @@ class ReactorSink : public UpstreamSink {
   void Accepted();
   // The time to send a first message is up.
   void ProofTimeout();
-  void Orphan() {
-    std::lock_guard<std::mutex> l(mu_);
-    reactor_ = nullptr;
-  }
+  void Orphan() { reactor_.Orphan(); }
 
  private:
-  std::mutex mu_;
-  StreamReactor* reactor_;
+  ReactorHandle<StreamReactor> reactor_;
 };
 
-// A streaming call refused before it reaches the core.
-template <typename Reactor>
-class Refused : public Reactor {
+// What WorkerCore holds of a control stream.
+class ControlReactorSink : public ControlSink {
  public:
-  explicit Refused(const absl::Status& s) { this->Finish(ToGrpcStatus(s)); }
-  void OnDone() override { delete this; }
+  explicit ControlReactorSink(ControlReactor* r) : reactor_(r) {}
+  void Send(v1::ControlEvent event) override;
+  void Finish(const absl::Status& status) override;
+  void Orphan() { reactor_.Orphan(); }
+
+ private:
+  ReactorHandle<ControlReactor> reactor_;
 };
+
 using RefusedStream =
     Refused<grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>>;
 
@@ -53,7 +55,9 @@ using RefusedStream =
 // message names the configured run (WorkerCore::OnFirstDown); until then it
 // disturbs nothing, and it is ended if that message does not come in time.
 class StreamReactor
-    : public grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage> {
+    : public QueuedWrites<
+          grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>,
+          v1::UpMessage> {
  public:
   StreamReactor(WorkerCore* core, std::atomic<int>* open)
       : core_(core), open_(open) {
@@ -81,21 +85,6 @@ class StreamReactor
         core_->options().stream_proof_timeout.count(), " ms of opening")));
   }
 
-  void Enqueue(v1::UpMessage msg) {
-    std::lock_guard<std::mutex> l(mu_);
-    if (finishing_) return;
-    queue_.push_back(std::move(msg));
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&queue_.front());
-    }
-  }
-
-  void FinishOnce(const absl::Status& s) {
-    std::lock_guard<std::mutex> l(mu_);
-    FinishLocked(s);
-  }
-
   void OnReadDone(bool ok) override {
     if (!ok) {
       // The upstream half-closed or went away: end our side too, once the
@@ -119,24 +108,6 @@ class StreamReactor
     StartRead(&in_);
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> l(mu_);
-    queue_.pop_front();
-    if (ok && !queue_.empty()) {
-      StartWrite(&queue_.front());
-      return;
-    }
-    writing_ = false;
-    if (!ok) {
-      queue_.clear();
-      if (!finishing_) {
-        finishing_ = true;
-        final_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed");
-      }
-    }
-    if (finishing_) Finish(final_);
-  }
-
   void OnDone() override {
     core_->Detach(sink_.get());
     sink_->Orphan();
@@ -145,44 +116,68 @@ class StreamReactor
   }
 
  private:
-  void FinishLocked(const absl::Status& s) {
-    if (finishing_) return;
-    finishing_ = true;
-    final_ = ToGrpcStatus(s);
-    if (!writing_) Finish(final_);
-  }
-
   WorkerCore* core_;
   std::atomic<int>* open_;
   std::shared_ptr<ReactorSink> sink_;
   grpc::Alarm proof_alarm_;
   v1::DownMessage in_;
-  std::mutex mu_;
-  std::deque<v1::UpMessage> queue_;
-  bool writing_ = false;
-  bool finishing_ = false;
-  bool first_seen_ = false;  // the first message arrived
-  grpc::Status final_;
+  bool first_seen_ = false;  // the first message arrived; guarded by mu_
+};
+
+// The control stream: events the core sends, in order, until the
+// coordinator cancels it or a newer one replaces it.
+class ControlReactor
+    : public QueuedWrites<grpc::ServerWriteReactor<v1::ControlEvent>,
+                          v1::ControlEvent> {
+ public:
+  ControlReactor(WorkerCore* core, std::atomic<int>* open,
+                 const v1::ControlRequest& request)
+      : core_(core), open_(open) {
+    sink_ = std::make_shared<ControlReactorSink>(this);
+    core_->OpenControl(request, sink_);
+  }
+
+  // The coordinator went away or cancelled: a write-only call learns it
+  // only here, and must still finish.
+  void OnCancel() override {
+    FinishOnce(absl::CancelledError("control stream cancelled"));
+  }
+
+  void OnDone() override {
+    core_->CloseControl(sink_.get());
+    sink_->Orphan();
+    open_->fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  WorkerCore* core_;
+  std::atomic<int>* open_;
+  std::shared_ptr<ControlReactorSink> sink_;
 };
 
 void ReactorSink::Send(v1::UpMessage msg) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (reactor_) reactor_->Enqueue(std::move(msg));
+  reactor_.With([&](StreamReactor* r) { r->Enqueue(std::move(msg)); });
 }
 
 void ReactorSink::Finish(const absl::Status& status) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (reactor_) reactor_->FinishOnce(status);
+  reactor_.With([&](StreamReactor* r) { r->FinishOnce(status); });
 }
 
 void ReactorSink::Accepted() {
-  std::lock_guard<std::mutex> l(mu_);
-  if (reactor_) reactor_->Accepted();
+  reactor_.With([](StreamReactor* r) { r->Accepted(); });
 }
 
 void ReactorSink::ProofTimeout() {
-  std::lock_guard<std::mutex> l(mu_);
-  if (reactor_) reactor_->ProofTimeout();
+  reactor_.With([](StreamReactor* r) { r->ProofTimeout(); });
+}
+
+void ControlReactorSink::Send(v1::ControlEvent event) {
+  reactor_.With([&](ControlReactor* r) { r->Enqueue(std::move(event)); });
+}
+
+void ControlReactorSink::Finish(const absl::Status& status) {
+  reactor_.With([&](ControlReactor* r) { r->FinishOnce(status); });
 }
 
 // A link to the next block: the stream keeps its channel alive until it is
@@ -197,115 +192,6 @@ class GrpcLink : public DownstreamLink {
 
  private:
   std::shared_ptr<StreamClient> stream_;
-};
-
-// SaveState: the core serialises the block on its executor; the archive is
-// then written in chunks, one write in flight at a time.
-class SaveReactor : public grpc::ServerWriteReactor<v1::StateChunk> {
- public:
-  SaveReactor(WorkerCore* core, const v1::SaveStateRequest& request)
-      : chunk_bytes_(request.chunk_bytes() > 0 ? request.chunk_bytes()
-                                               : kDefaultStateChunkBytes) {
-    core->SaveState(request, [this](absl::StatusOr<BlockStateArchive> r) {
-      if (!r.ok()) {
-        Finish(ToGrpcStatus(r.status()));
-        return;
-      }
-      state_ = *std::move(r);
-      chunks_.emplace(&state_, chunk_bytes_);
-      WriteNext();
-    });
-  }
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
-      return;
-    }
-    WriteNext();
-  }
-  void OnDone() override { delete this; }
-
- private:
-  void WriteNext() {
-    if (!chunks_->Next(&chunk_)) {
-      Finish(grpc::Status::OK);
-      return;
-    }
-    StartWrite(&chunk_);
-  }
-
-  const int64_t chunk_bytes_;
-  BlockStateArchive state_;
-  std::optional<StateChunker> chunks_;
-  v1::StateChunk chunk_;
-};
-
-// LoadState: the first chunk's header is checked by the core before anything
-// is buffered; then chunks are collected up to the size it announced, and
-// the core checks and loads them. One LoadState at a time (`slot`).
-class LoadReactor : public grpc::ServerReadReactor<v1::StateChunk> {
- public:
-  LoadReactor(WorkerCore* core, v1::LoadStateResponse* response,
-              std::atomic<bool>* slot)
-      : core_(core), response_(response), slot_(slot) {
-    StartRead(&chunk_);
-  }
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      absl::StatusOr<BlockStateArchive> state = state_.Finish();
-      if (!state.ok()) {
-        End(state.status());
-        return;
-      }
-      core_->LoadState(*std::move(state), [this](absl::StatusOr<int64_t> r) {
-        if (r.ok()) response_->set_step(*r);
-        End(r.status());
-      });
-      return;
-    }
-    if (!state_.started()) {
-      state_.Start(chunk_);
-      // Nothing is read on until the core has checked the header against
-      // the configured block.
-      core_->CheckLoadState(state_.header(), state_.total_bytes(),
-                            [this](absl::Status s) {
-                              if (s.ok()) s = state_.Reserve();
-                              if (!s.ok()) {
-                                End(s);
-                                return;
-                              }
-                              Append();
-                            });
-      return;
-    }
-    Append();
-  }
-  void OnDone() override { delete this; }
-
- private:
-  // Takes the current chunk's data and reads the next chunk.
-  void Append() {
-    if (absl::Status s = state_.Append(chunk_); !s.ok()) {
-      End(s);
-      return;
-    }
-    chunk_.Clear();
-    StartRead(&chunk_);
-  }
-  // Frees what was buffered and the one-at-a-time slot, then finishes:
-  // the next LoadState is admitted as soon as this caller has its status.
-  void End(const absl::Status& s) {
-    state_.Release();
-    chunk_.Clear();
-    slot_->store(false);
-    Finish(ToGrpcStatus(s));
-  }
-
-  WorkerCore* core_;
-  v1::LoadStateResponse* response_;
-  std::atomic<bool>* slot_;
-  v1::StateChunk chunk_;
-  StateAssembler state_{"load_state"};
 };
 
 }  // namespace
@@ -323,7 +209,7 @@ grpc::ServerWriteReactor<v1::StateChunk>* WorkerService::SaveState(
   if (absl::Status s = Authenticate(ctx); !s.ok()) {
     return new Refused<grpc::ServerWriteReactor<v1::StateChunk>>(s);
   }
-  return new SaveReactor(core_, *request);
+  return NewSaveReactor(core_, *request);
 }
 
 grpc::ServerReadReactor<v1::StateChunk>* WorkerService::LoadState(
@@ -338,7 +224,7 @@ grpc::ServerReadReactor<v1::StateChunk>* WorkerService::LoadState(
         absl::ResourceExhaustedError(
             "worker: another load_state is in progress (one at a time)"));
   }
-  return new LoadReactor(core_, response, &loading_);
+  return NewLoadReactor(core_, response, &loading_);
 }
 
 grpc::ServerUnaryReactor* WorkerService::Configure(
@@ -357,18 +243,31 @@ grpc::ServerUnaryReactor* WorkerService::Configure(
   return reactor;
 }
 
-grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>* WorkerService::Stream(
-    grpc::CallbackServerContext* ctx) {
-  if (absl::Status s = Authenticate(ctx); !s.ok()) {
-    return new RefusedStream(s);
-  }
+absl::Status WorkerService::AdmitStream(grpc::CallbackServerContext* ctx) {
+  RETURN_IF_ERROR(Authenticate(ctx));
   if (open_streams_.fetch_add(1) >= options_.max_concurrent_streams) {
     open_streams_.fetch_sub(1);
-    return new RefusedStream(absl::ResourceExhaustedError(
+    return absl::ResourceExhaustedError(
         absl::StrCat("worker: ", options_.max_concurrent_streams,
-                     " streams already open (--max_concurrent_streams)")));
+                     " streams already open (--max_concurrent_streams)"));
   }
+  return absl::OkStatus();
+}
+
+grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>* WorkerService::Stream(
+    grpc::CallbackServerContext* ctx) {
+  if (absl::Status s = AdmitStream(ctx); !s.ok()) return new RefusedStream(s);
   return new StreamReactor(core_, &open_streams_);
+}
+
+// Counted with the streams: an unproven control call holds a slot until the
+// core has checked its run.
+grpc::ServerWriteReactor<v1::ControlEvent>* WorkerService::Control(
+    grpc::CallbackServerContext* ctx, const v1::ControlRequest* request) {
+  if (absl::Status s = AdmitStream(ctx); !s.ok()) {
+    return new Refused<grpc::ServerWriteReactor<v1::ControlEvent>>(s);
+  }
+  return new ControlReactor(core_, &open_streams_, *request);
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetState(

@@ -15,7 +15,8 @@ namespace interlock {
 struct WorkerServiceOptions {
   // Every call must carry this bearer token (empty: no token).
   std::string token;
-  // Stream calls open at once; one more is refused with RESOURCE_EXHAUSTED.
+  // Stream and Control calls open at once; one more is refused with
+  // RESOURCE_EXHAUSTED.
   int max_concurrent_streams = 8;
   // Counts calls refused for a missing or wrong token (may be null).
   prometheus::Counter* unauthenticated = nullptr;
@@ -44,9 +45,15 @@ class WorkerService final : public interlock::v1::Worker::CallbackService {
   grpc::ServerReadReactor<interlock::v1::StateChunk>* LoadState(
       grpc::CallbackServerContext* ctx,
       interlock::v1::LoadStateResponse* response) override;
+  grpc::ServerWriteReactor<interlock::v1::ControlEvent>* Control(
+      grpc::CallbackServerContext* ctx,
+      const interlock::v1::ControlRequest* request) override;
 
  private:
   absl::Status Authenticate(grpc::CallbackServerContext* ctx);
+  // Authenticates a Stream or Control call and takes one of the
+  // --max_concurrent_streams slots (the reactor gives it back).
+  absl::Status AdmitStream(grpc::CallbackServerContext* ctx);
 
   WorkerCore* core_;
   const WorkerServiceOptions options_;

@@ -27,6 +27,10 @@
 #                built before that commit (the "d177b28 + GLIBC_TUNABLES" rows
 #                in the doc).
 #   INTERLOCK=build/coordinator/interlock
+#   BINARIES="before=PATH after=PATH"   several binaries side by side: every
+#                (config, mode) runs each of them in every round, their order
+#                alternating from round to round; the tables name the config
+#                as CONFIG@LABEL. Overrides INTERLOCK.
 #   KEEP=DIR     keep the run folders and runs.tsv in DIR (default: a temporary
 #                folder, removed at the end)
 #
@@ -56,10 +60,19 @@ case $ALLOC in
     ;;
 esac
 
-if [[ ! -x "$INTERLOCK" ]]; then
-  echo "step_time.sh: $INTERLOCK not found; run 'make build' first" >&2
-  exit 2
-fi
+# label=path pairs; one unlabelled binary by default.
+read -r -a binary_list <<<"${BINARIES:-=$INTERLOCK}"
+labels=()
+paths=()
+for b in "${binary_list[@]}"; do
+  labels+=("${b%%=*}")
+  paths+=("${b#*=}")
+  if [[ ! -x "${b#*=}" ]]; then
+    echo "step_time.sh: ${b#*=} not found; run 'make build' first" >&2
+    exit 2
+  fi
+done
+nlabels=${#labels[@]}
 if (( STEPS < WARMUP + 1 )); then
   echo "step_time.sh: STEPS=$STEPS leaves no timed steps after WARMUP=$WARMUP" >&2
   exit 2
@@ -112,8 +125,12 @@ echo "step_time.sh: $ROUNDS rounds x configs [$CONFIGS] x modes [$MODES]," \
 for ((r = 0; r < ROUNDS; r++)); do
   for c in $CONFIGS; do
     for ((i = 0; i < nmodes; i++)); do
+    for ((j = 0; j < nlabels; j++)); do
       mode=${mode_list[$(((i + r) % nmodes))]}
-      dir="$work/${config_name[$c]}.$mode.r$r"
+      label=${labels[$(((j + r) % nlabels))]}
+      binary=${paths[$(((j + r) % nlabels))]}
+      name=${config_name[$c]}${label:+@$label}
+      dir="$work/$name.$mode.r$r"
       timer=()
       if [[ -x /usr/bin/time ]]; then
         timer=(/usr/bin/time -o "$dir.time" -f '%R %U %S')
@@ -122,10 +139,10 @@ for ((r = 0; r < ROUNDS; r++)); do
       set -- $(mode_flags "$mode")
       stall0=$(cpu_stall_us)
       t0=$(now_us)
-      if ! "${timer[@]}" "$INTERLOCK" train --config "${config_file[$c]}" "$@" \
+      if ! "${timer[@]}" "$binary" train --config "${config_file[$c]}" "$@" \
           --threads-per-block "$THREADS" --schedule sequential --quiet \
           --steps "$STEPS" --out "$dir" >"$dir.log" 2>&1; then
-        echo "step_time.sh: run failed: ${config_name[$c]} $mode (log below)" >&2
+        echo "step_time.sh: run failed: $name $mode (log below)" >&2
         cat "$dir.log" >&2
         exit 1
       fi
@@ -135,10 +152,11 @@ for ((r = 0; r < ROUNDS; r++)); do
       if [[ -n "$stall0" && -n "$stall1" ]]; then stall=$((stall1 - stall0)); fi
       usage=""  # minor page faults, user s, system s
       if [[ -s "$dir.time" ]]; then usage=$(tail -n 1 "$dir.time"); fi
-      printf '%s\t%s\t%d\t%s\t%s\t%d\t%s\n' "${config_name[$c]}" "$mode" \
+      printf '%s\t%s\t%d\t%s\t%s\t%d\t%s\n' "$name" "$mode" \
         "$r" "$dir" "$stall" "$((t1 - t0))" "$usage" >>"$work/runs.tsv"
-      echo "  round $((r + 1))/$ROUNDS ${config_name[$c]} $mode:" \
+      echo "  round $((r + 1))/$ROUNDS $name $mode:" \
         "$(((t1 - t0) / 1000)) ms" >&2
+    done
     done
   done
 done

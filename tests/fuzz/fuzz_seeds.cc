@@ -120,9 +120,6 @@ void WorkerSeeds(const std::string& dir) {
         r->set_block(1);
         r->set_loss(1.3);
         r->set_count(2);
-        auto* done = c.add_ops()->mutable_up()->mutable_step_done();
-        done->set_block(1);
-        done->set_step(0);
       }
     }
     c.add_ops()->mutable_get_state()->set_run_id("seed-run");

@@ -1,0 +1,25 @@
+// The reactors of SaveState and LoadState: a block's state in chunks
+// (rpc/state_chunks), checked and applied by the core.
+#ifndef INTERLOCK_WORKER_STATE_REACTORS_H_
+#define INTERLOCK_WORKER_STATE_REACTORS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+
+#include "proto/worker.grpc.pb.h"
+#include "worker/worker_core.h"
+
+namespace interlock {
+
+grpc::ServerWriteReactor<interlock::v1::StateChunk>* NewSaveReactor(
+    WorkerCore* core, const interlock::v1::SaveStateRequest& request);
+// `slot` is set while a LoadState is open (one at a time); the reactor
+// clears it as soon as its caller has a status.
+grpc::ServerReadReactor<interlock::v1::StateChunk>* NewLoadReactor(
+    WorkerCore* core, interlock::v1::LoadStateResponse* response,
+    std::atomic<bool>* slot);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_WORKER_STATE_REACTORS_H_
