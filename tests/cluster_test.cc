@@ -80,8 +80,9 @@ class ClusterTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new std::string(MakeTempDir("cluster"));
     workers_ = new std::vector<WorkerProcess>();
+    // Tests run on the CPU, asked for explicitly.
     for (int k = 0; k < 4; ++k) {
-      workers_->push_back(StartWorker(kWorker, *dir_, k));
+      workers_->push_back(StartWorker(kWorker, *dir_, k, {"--device=cpu"}));
     }
   }
   static void TearDownTestSuite() {
