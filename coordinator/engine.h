@@ -53,7 +53,8 @@ class Engine {
   // Forward-only pass of a batch through the chain (training must be idle).
   virtual absl::StatusOr<std::vector<HeadEval>> Evaluate(
       const torch::Tensor& input, const torch::Tensor& target) = 0;
-  // Every block's parameters and buffers (training must be idle).
+  // Every block's parameters and buffers, on the CPU (training must be
+  // idle).
   virtual absl::StatusOr<std::vector<BlockState>> FetchState() = 0;
   // Every block's whole training state at a step boundary (training idle):
   // one LibTorch archive per block (parameters, buffers, optimizer state).

@@ -2,6 +2,7 @@
 
 #include "coordinator/cluster_engine.h"
 #include "coordinator/inprocess_engine.h"
+#include "services/device.h"
 #include "services/models.h"
 #include "services/status_macros.h"
 
@@ -20,10 +21,19 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
     const EngineOptions& options, int window, CoordinatorMetrics* metrics,
     std::ostream* log) {
   std::unique_ptr<RunEngine> run(new RunEngine());
+  ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
+  ASSIGN_OR_RETURN(const std::vector<c10::Device> devices,
+                   BlockDevices("--device", options.devices, k));
   if (options.kind == EngineKind::kInProcess) {
-    ASSIGN_OR_RETURN(run->engine_,
-                     MakeInProcessEngine(config, shape, options.schedule));
+    ASSIGN_OR_RETURN(
+        run->engine_,
+        MakeInProcessEngine(config, shape, options.schedule, devices));
     return run;
+  }
+  if (!options.workers.empty() && !options.devices.empty()) {
+    return absl::InvalidArgumentError(
+        "--device: remote workers run their blocks where their own --device "
+        "says; it applies in process and to a local cluster only");
   }
   ClusterOptions co;
   co.workers = options.workers;
@@ -38,13 +48,21 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
     };
   }
   if (co.workers.empty()) {
-    ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
-    ASSIGN_OR_RETURN(run->local_,
-                     LocalCluster::Launch(
-                         k,
-                         options.worker_binary.empty() ? DefaultWorkerBinary()
-                                                       : options.worker_binary,
-                         absl::Seconds(120), SecurityFlags(options.security)));
+    // Each worker runs its block where --device says (the workers' default,
+    // the CPU, when it is not given).
+    std::vector<std::vector<std::string>> device_flags;
+    if (!options.devices.empty()) {
+      for (const c10::Device& d : devices) {
+        device_flags.push_back({"--device=" + d.str()});
+      }
+    }
+    ASSIGN_OR_RETURN(
+        run->local_,
+        LocalCluster::Launch(
+            k,
+            options.worker_binary.empty() ? DefaultWorkerBinary()
+                                          : options.worker_binary,
+            absl::Seconds(120), SecurityFlags(options.security), device_flags));
     run->on_cluster_ = options.on_cluster;
     if (run->on_cluster_) run->on_cluster_(run->local_.get());
     co.workers = run->local_->addresses();

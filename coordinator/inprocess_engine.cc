@@ -28,8 +28,14 @@ class InProcessEngine : public Engine {
   ~InProcessEngine() override { Shutdown(); }
 
   absl::Status Init(const interlock::v1::RunConfig& config,
-                    const DataShape& shape) {
+                    const DataShape& shape,
+                    const std::vector<c10::Device>& devices) {
     ASSIGN_OR_RETURN(int k_blocks, NumBlocks(config.model()));
+    if (static_cast<int>(devices.size()) != k_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("in-process engine: ", devices.size(), " devices for ",
+                       k_blocks, " blocks"));
+    }
     // One build for all blocks: the same values BlockTrainer::Create gives
     // each worker, without building the whole model K times.
     const TrainerOptions first = TrainerOptionsFromConfig(config, 0, k_blocks);
@@ -44,10 +50,12 @@ class InProcessEngine : public Engine {
       Fail(std::move(s));
     };
     for (int k = 0; k < k_blocks; ++k) {
-      ASSIGN_OR_RETURN(auto trainer,
-                       BlockTrainer::FromModules(
-                           TrainerOptionsFromConfig(config, k, k_blocks),
-                           std::move(modules[k]), config.optimizer()));
+      TrainerOptions trainer_options =
+          TrainerOptionsFromConfig(config, k, k_blocks);
+      trainer_options.device = devices[k];
+      ASSIGN_OR_RETURN(auto trainer, BlockTrainer::FromModules(
+                                         trainer_options, std::move(modules[k]),
+                                         config.optimizer()));
       BlockDriver::Callbacks cb;
       cb.send_down = [this, k](ForwardMsg m) {
         hosts_[k + 1]->Forward(codec_.Transfer(std::move(m)));
@@ -123,10 +131,11 @@ class InProcessEngine : public Engine {
     for (auto& host : hosts_) {
       BlockState s;
       for (auto& [name, t] : host->driver()->trainer().NamedState()) {
+        // On the CPU, as the cluster's GetState delivers them.
         if (absl::StartsWith(name, "head.")) {
-          s.head.emplace_back(name, t);
+          s.head.emplace_back(name, t.cpu());
         } else {
-          s.block.emplace_back(name, t);
+          s.block.emplace_back(name, t.cpu());
         }
       }
       out.push_back(std::move(s));
@@ -203,13 +212,13 @@ class InProcessEngine : public Engine {
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeInProcessEngine(
     const interlock::v1::RunConfig& config, const DataShape& shape,
-    Schedule schedule) {
+    Schedule schedule, const std::vector<c10::Device>& devices) {
   const int threads = std::max(1, config.training().threads_per_block());
   ConfigureThreads(threads);
   ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));
   auto engine =
       std::make_unique<InProcessEngine>(schedule, threads, std::move(codec));
-  RETURN_IF_ERROR(engine->Init(config, shape));
+  RETURN_IF_ERROR(engine->Init(config, shape, devices));
   return std::unique_ptr<Engine>(std::move(engine));
 }
 

@@ -5,6 +5,7 @@
 #define INTERLOCK_COORDINATOR_INPROCESS_ENGINE_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/engine.h"
@@ -13,9 +14,10 @@
 
 namespace interlock {
 
+// `devices`: one per block of the model.
 absl::StatusOr<std::unique_ptr<Engine>> MakeInProcessEngine(
     const interlock::v1::RunConfig& config, const DataShape& shape,
-    Schedule schedule);
+    Schedule schedule, const std::vector<c10::Device>& devices);
 
 }  // namespace interlock
 

@@ -101,7 +101,8 @@ std::string DefaultWorkerBinary() {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Launch(
     int count, const std::string& binary, absl::Duration timeout,
-    const std::vector<std::string>& extra_args) {
+    const std::vector<std::string>& extra_args,
+    const std::vector<std::vector<std::string>>& worker_args) {
   if (access(binary.c_str(), X_OK) != 0) {
     return absl::NotFoundError(
         absl::StrCat("worker binary not found or not executable: ", binary));
@@ -109,6 +110,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Launch(
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->binary_ = binary;
   c->extra_args_ = extra_args;
+  c->worker_args_ = worker_args;
   // Folders a killed coordinator left behind (its workers died with it).
   RemoveStaleClusterFolders("/tmp");
   std::string tmpl = absl::StrCat("/tmp/", kClusterPrefix, getpid(), "-XXXXXX");
@@ -136,6 +138,9 @@ absl::Status LocalCluster::Spawn(int k, int port, absl::Time deadline) {
       binary_, "--host=127.0.0.1", absl::StrCat("--port=", port),
       "--metrics_port=0", "--port_file=" + port_file};
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  if (k < static_cast<int>(worker_args_.size())) {
+    args.insert(args.end(), worker_args_[k].begin(), worker_args_[k].end());
+  }
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");

@@ -27,11 +27,13 @@ class LocalCluster {
     std::string log_path;
   };
 
-  // `extra_args` go to every worker (e.g. the token and TLS flags).
+  // `extra_args` go to every worker (e.g. the token and TLS flags),
+  // `worker_args[k]` (when given) to worker k only (e.g. its --device).
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Launch(
       int workers, const std::string& worker_binary,
       absl::Duration timeout = absl::Seconds(120),
-      const std::vector<std::string>& extra_args = {});
+      const std::vector<std::string>& extra_args = {},
+      const std::vector<std::vector<std::string>>& worker_args = {});
   ~LocalCluster();
 
   const std::vector<Worker>& workers() const { return workers_; }
@@ -48,6 +50,7 @@ class LocalCluster {
   absl::Status Spawn(int k, int port, absl::Time deadline);
   std::string binary_;
   std::vector<std::string> extra_args_;
+  std::vector<std::vector<std::string>> worker_args_;
   std::string dir_;
   int restarts_ = 0;
   std::vector<Worker> workers_;

@@ -29,6 +29,7 @@
 #include "coordinator/local_cluster.h"
 #include "coordinator/train.h"
 #include "services/config.h"
+#include "services/device.h"
 #include "services/runtime.h"
 
 ABSL_FLAG(std::string, config, "", "RunConfig file (protobuf text format)");
@@ -57,6 +58,10 @@ ABSL_FLAG(std::string, engine, kDefaultEngine,
 ABSL_FLAG(std::string, workers, "",
           "cluster: comma-separated worker addresses, one per block in order; "
           "empty starts a local cluster on loopback");
+ABSL_FLAG(std::string, device, "",
+          "where the blocks run: cpu, cuda (= cuda:0) or cuda:N, for every "
+          "block or one per block (cpu,cpu,cuda:0,cuda:1); in process and a "
+          "local cluster's workers (empty: cpu)");
 ABSL_FLAG(std::string, worker_binary, "",
           "local cluster: the interlock-worker executable");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
@@ -120,14 +125,16 @@ constexpr char kUsage[] =
     "[--rule furthest|sum] [--steps N] [--epochs N] [--seed S] "
     "[--threads-per-block T] [--schedule sequential|threaded] [--out DIR] "
     "[--dump-params] [--engine inprocess|cluster] [--workers A,B,...] "
-    "[--metrics-port P] [--budget T] [--budget-virtual T] "
+    "[--device cpu|cuda[:N][,...]] [--metrics-port P] [--budget T] "
+    "[--budget-virtual T] "
     "[--link-latency T] [--link-bandwidth B] [--token-file F] "
     "[--tls-cert F --tls-key F] [--tls-ca F] [--checkpoint-every N] "
     "[--checkpoint-dir DIR] [--keep-checkpoints N] [--resume DIR] "
     "[--recover-timeout 120s]\n"
     "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
     "[--budget-virtual T | --budget T | --steps N] --out DIR "
-    "[--engine inprocess|cluster] [--seed S] [--threads-per-block T]\n"
+    "[--engine inprocess|cluster] [--device D] [--seed S] "
+    "[--threads-per-block T]\n"
     "  interlock simulate --profile DIR [--blocks K] [--n N|e2e] "
     "[--rule furthest|sum] [--microbatches M] [--link-bandwidth B] "
     "[--link-latency T] [--sweep] (an input-gradient-only pass the profile "
@@ -272,6 +279,10 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
       options.engine.kind != interlock::EngineKind::kCluster) {
     return Fail("--token-file and --tls-* need --engine cluster", 2);
   }
+  auto devices =
+      interlock::ParseDeviceList("--device", absl::GetFlag(FLAGS_device));
+  if (!devices.ok()) return Fail(std::string(devices.status().message()), 2);
+  options.engine.devices = *std::move(devices);
   options.engine.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.output.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.engine.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);

@@ -5,6 +5,8 @@
 #ifndef INTERLOCK_COORDINATOR_TRAIN_OPTIONS_H_
 #define INTERLOCK_COORDINATOR_TRAIN_OPTIONS_H_
 
+#include <c10/core/Device.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -49,6 +51,11 @@ struct EngineOptions {
   // interlock-worker processes on loopback.
   std::vector<std::string> workers;
   std::string worker_binary;  // empty: next to this executable
+  // Where the blocks run (--device, services/device.h): none (all on the
+  // CPU), one for every block, or one per block. In process they are the
+  // blocks' devices; a local cluster passes each worker its block's. Remote
+  // workers choose their own (their --device), so they take none here.
+  std::vector<c10::Device> devices;
   // Cluster: how long to wait for a worker to be reachable.
   absl::Duration connect_timeout = absl::Seconds(30);
   // Cluster: bearer token and TLS files for the coordinator's calls; a local

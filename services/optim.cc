@@ -147,16 +147,19 @@ absl::Status Optimizer::LoadStateTensors(
                        " lacks step, exp_avg or exp_avg_sq"));
     }
   }
-  // Everything fits: replace the state (copies, so the archive's storage is
-  // not shared with the parameters' state).
+  // Everything fits: replace the state (copies on the parameter's device,
+  // so the archive's storage is not shared with the parameters' state).
   auto& state = impl_->state();
   state.clear();
   for (size_t i = 0; i < per.size(); ++i) {
     const auto& f = per[i];
     if (f.empty()) continue;
+    const c10::Device device = params[i].device();
     auto get = [&](const char* field) {
       auto it = f.find(field);
-      return it == f.end() ? torch::Tensor() : it->second.clone();
+      if (it == f.end()) return torch::Tensor();
+      const torch::Tensor& t = it->second;
+      return t.device() == device ? t.clone() : t.to(device);
     };
     auto adam = [&](auto st) {
       st->step(f.at("step").item<int64_t>());

@@ -26,15 +26,17 @@ class Optimizer {
   void ZeroGrad();
   torch::optim::Optimizer& impl() { return *impl_; }
 
-  // The per-parameter state as named tensors, for checkpoints: for
+  // The per-parameter state as named tensors (on the parameters' device;
+  // "step" on the CPU), for checkpoints: for
   // parameter i (in the order given to Create) that has state,
   // "<i>.momentum_buffer" (SGD) or "<i>.step" (an int64 scalar),
   // "<i>.exp_avg", "<i>.exp_avg_sq" and "<i>.max_exp_avg_sq" (Adam, AdamW;
   // the last only when defined).
   std::map<std::string, torch::Tensor> StateTensors() const;
-  // Replaces the state with what StateTensors() gave. Every name, dtype and
-  // shape is checked first (`what` names the source in errors); on error
-  // nothing changes.
+  // Replaces the state with what StateTensors() gave (on any device: the
+  // state is copied to its parameter's). Every name, dtype and shape is
+  // checked first (`what` names the source in errors); on error nothing
+  // changes.
   absl::Status LoadStateTensors(const std::map<std::string, torch::Tensor>& in,
                                 const std::string& what);
 

@@ -341,20 +341,22 @@ namespace {
 // and crashed on damaged ones (found by fuzz_checkpoint_reader).
 constexpr int64_t kStateFormat = 2;
 
+// Archives hold CPU tensors whatever device the block runs on, so any
+// process (with or without a GPU) can read them.
 c10::IValue NamedToIValue(const std::map<std::string, torch::Tensor>& named) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
-  for (const auto& [name, t] : named) d.insert(name, t.detach());
+  for (const auto& [name, t] : named) d.insert(name, t.detach().cpu());
   return d;
 }
 
 // The unpickler builds tensors from the sizes, strides and offsets in the
 // file without checking them against their storage; check before any
-// value is read.
+// value is read. Only metadata is read, so the tensor may be on any device.
 absl::Status CheckInBounds(const torch::Tensor& t, const std::string& what) {
-  if (!t.defined() || t.layout() != torch::kStrided || !t.device().is_cpu() ||
-      t.is_quantized() || !t.has_storage()) {
+  if (!t.defined() || t.layout() != torch::kStrided || t.is_quantized() ||
+      !t.has_storage()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": not a dense CPU tensor"));
+        absl::StrCat(what, ": not a dense tensor"));
   }
   int64_t numel = 1;
   for (const int64_t d : t.sizes()) {
@@ -400,14 +402,16 @@ class BoundedReader : public caffe2::serialize::ReadAdapterInterface {
 };
 
 // torch::pickle_load with the bounded reader: plain values and tensors only
-// (no class resolver, so an archive naming any other type is refused).
+// (no class resolver, so an archive naming any other type is refused), all
+// read onto the CPU whatever device the file names (the trainer copies them
+// to its own).
 c10::IValue PickleLoad(const std::string& bytes) {
   caffe2::serialize::PyTorchStreamReader reader(
       std::make_shared<BoundedReader>(bytes));
   return torch::jit::readArchiveAndTensors(
       "data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
       /*type_resolver=*/c10::nullopt, /*obj_loader=*/c10::nullopt,
-      /*device=*/c10::nullopt, reader);
+      /*device=*/c10::Device(c10::kCPU), reader);
 }
 
 absl::StatusOr<std::map<std::string, torch::Tensor>> NamedFromIValue(

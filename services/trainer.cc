@@ -9,15 +9,19 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "services/state_archive.h"
+#include "services/device.h"
 #include "services/status_macros.h"
+#include "services/torch_guard.h"
 
 namespace interlock {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point t0) {
+// The seconds an operation on `device` took since `t0`: waits for the
+// device first, so an asynchronous device's time is execution, not launch.
+double SecondsSince(const c10::Device& device, Clock::time_point t0) {
+  Synchronize(device);
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
@@ -35,19 +39,6 @@ std::vector<torch::Tensor> ParamsOf(const torch::nn::Sequential& m) {
     for (auto& p : m->parameters()) out.push_back(p);
   }
   return out;
-}
-
-// LibTorch reports errors as exceptions; the trainer reports statuses.
-template <typename F>
-auto Guard(const char* what, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat(what, ": ", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
-  }
 }
 
 }  // namespace
@@ -106,13 +97,15 @@ std::vector<torch::Tensor> BlockTrainer::TrainedParams() const {
 }
 
 absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::Create(
-    const interlock::v1::RunConfig& config, const DataShape& shape, int block) {
+    const interlock::v1::RunConfig& config, const DataShape& shape, int block,
+    c10::Device device) {
   ASSIGN_OR_RETURN(int k_blocks, NumBlocks(config.model()));
   if (block < 0 || block >= k_blocks) {
     return absl::InvalidArgumentError(
         absl::StrCat("block index ", block, " outside [0, ", k_blocks, ")"));
   }
   TrainerOptions options = TrainerOptionsFromConfig(config, block, k_blocks);
+  options.device = device;
   ASSIGN_OR_RETURN(auto all, BuildModel(config.model(), shape, !options.e2e,
                                         config.training().seed()));
   return FromModules(options, std::move(all[block]), config.optimizer());
@@ -124,6 +117,16 @@ absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::FromModules(
   if (!options.e2e && options.block + 1 < options.num_blocks && !modules.head) {
     return absl::InvalidArgumentError(
         absl::StrCat("block ", options.block, " needs an auxiliary head"));
+  }
+  // Built on the CPU from the run's seed, so every device starts from the
+  // same values; moved before the optimizer takes the parameters.
+  if (!options.device.is_cpu()) {
+    RETURN_IF_ERROR(TorchGuard("move to device", [&]() -> absl::Status {
+      PrepareDevice(options.device);
+      modules.block->to(options.device);
+      if (modules.head) modules.head->to(options.device);
+      return absl::OkStatus();
+    }));
   }
   std::unique_ptr<BlockTrainer> t(
       new BlockTrainer(options, std::move(modules), optimizer));
@@ -159,6 +162,10 @@ absl::StatusOr<bool> BlockTrainer::CheckUpstream(int mb, int i, bool marked,
   }
   grad = torch::zeros_like(grad);
   return true;
+}
+
+torch::Tensor BlockTrainer::OnDevice(torch::Tensor t) const {
+  return t.defined() ? t.to(options_.device) : t;
 }
 
 GradientLists BlockTrainer::lists() const {
@@ -201,33 +208,35 @@ absl::StatusOr<EntryResult> BlockTrainer::Entry(int mb, int i,
         g.defined() ? c10::str(g.sizes()) : "undefined",
         " does not match output shape ", c10::str(p.output.sizes())));
   }
-  return Guard("input gradient", [&]() -> absl::StatusOr<EntryResult> {
+  return TorchGuard("input gradient", [&]() -> absl::StatusOr<EntryResult> {
+    const torch::Tensor grad = OnDevice(g);
     auto t0 = Clock::now();
     EntryResult r;
-    r.grad = torch::autograd::grad({p.output}, {p.input}, {g},
+    r.grad = torch::autograd::grad({p.output}, {p.input}, {grad},
                                    /*retain_graph=*/true)[0];
     ASSIGN_OR_RETURN(r.nonfinite, CheckUpstream(mb, i, marked, r.grad));
-    r.timing = {options_.block, Phase::kInputGrad, SecondsSince(t0)};
+    r.timing = {options_.block, Phase::kInputGrad, SecondsSince(device(), t0)};
     return r;
   });
 }
 
-absl::StatusOr<ForwardResult> BlockTrainer::Forward(int mb,
-                                                    const torch::Tensor& input,
-                                                    const torch::Tensor& target,
-                                                    bool input_nonfinite) {
+absl::StatusOr<ForwardResult> BlockTrainer::Forward(
+    int mb, const torch::Tensor& input, const torch::Tensor& target_in,
+    bool input_nonfinite) {
   if (pending_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "block ", options_.block, ": micro-batch ", mb, " already forwarded"));
   }
-  return Guard("forward", [&]() -> absl::StatusOr<ForwardResult> {
+  return TorchGuard("forward", [&]() -> absl::StatusOr<ForwardResult> {
     ForwardResult r;
     Pending p;
+    const torch::Tensor x = OnDevice(input);
+    const torch::Tensor target = OnDevice(target_in);
     auto t0 = Clock::now();
-    p.input =
-        UpstreamListSize() > 0 ? input.detach().requires_grad_(true) : input;
+    p.input = UpstreamListSize() > 0 ? x.detach().requires_grad_(true) : x;
     p.output = modules_.block->forward(p.input);
-    r.timings.push_back({options_.block, Phase::kForward, SecondsSince(t0)});
+    r.timings.push_back(
+        {options_.block, Phase::kForward, SecondsSince(device(), t0)});
     p.input_nonfinite = input_nonfinite;
     if (input_nonfinite) skip_step_ = true;
     r.output_nonfinite = input_nonfinite;
@@ -271,7 +280,8 @@ absl::StatusOr<ForwardResult> BlockTrainer::Forward(int mb,
       rep.correct = Hits(logits.detach(), target);
       rep.count = target.numel();
       r.reports.push_back(rep);
-      r.timings.push_back({options_.block, Phase::kHead, SecondsSince(t0)});
+      r.timings.push_back(
+          {options_.block, Phase::kHead, SecondsSince(device(), t0)});
     }
     if (!is_last()) {
       r.output =
@@ -320,8 +330,9 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
           " does not match output shape ", c10::str(p.output.sizes())));
     }
   }
-  return Guard("backward", [&]() -> absl::StatusOr<BackwardResult> {
+  return TorchGuard("backward", [&]() -> absl::StatusOr<BackwardResult> {
     BackwardResult r;
+    for (auto& g : downstream) g = OnDevice(std::move(g));
     auto t0 = Clock::now();
     // The list of gradients w.r.t. this block's output, nearest loss first.
     std::vector<torch::Tensor> list;
@@ -361,7 +372,8 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
           r.shared_nonfinite,
           CheckUpstream(mb, SharedEntry(), bad[SharedEntry()], r.shared));
     }
-    r.timings.push_back({options_.block, Phase::kBackward, SecondsSince(t0)});
+    r.timings.push_back(
+        {options_.block, Phase::kBackward, SecondsSince(device(), t0)});
     ++accumulated_;
     return r;
   });
@@ -373,7 +385,7 @@ absl::StatusOr<OpTiming> BlockTrainer::Step(double lr) {
         absl::StrCat("block ", options_.block, ": optimizer step with ",
                      pending_.size(), " micro-batches still in flight"));
   }
-  return Guard("optimizer", [&]() -> absl::StatusOr<OpTiming> {
+  return TorchGuard("optimizer", [&]() -> absl::StatusOr<OpTiming> {
     auto t0 = Clock::now();
     if (!skip_step_) {
       // Finite losses can still overflow in a backward pass.
@@ -395,19 +407,21 @@ absl::StatusOr<OpTiming> BlockTrainer::Step(double lr) {
     optimizer_->ZeroGrad();
     last_applied_ = accumulated_;
     accumulated_ = 0;
-    return OpTiming{options_.block, Phase::kOptimizer, SecondsSince(t0)};
+    return OpTiming{options_.block, Phase::kOptimizer,
+                    SecondsSince(device(), t0)};
   });
 }
 
-absl::StatusOr<EvalResult> BlockTrainer::Evaluate(const torch::Tensor& input,
-                                                  const torch::Tensor& target,
-                                                  bool input_nonfinite) {
-  return Guard("evaluate", [&]() -> absl::StatusOr<EvalResult> {
+absl::StatusOr<EvalResult> BlockTrainer::Evaluate(
+    const torch::Tensor& input, const torch::Tensor& target_in,
+    bool input_nonfinite) {
+  return TorchGuard("evaluate", [&]() -> absl::StatusOr<EvalResult> {
     torch::NoGradGuard no_grad;
     modules_.block->eval();
     if (modules_.head) modules_.head->eval();
     EvalResult r;
-    r.output = modules_.block->forward(input);
+    const torch::Tensor target = OnDevice(target_in);
+    r.output = modules_.block->forward(OnDevice(input));
     torch::Tensor logits;
     if (is_last()) {
       logits = r.output;
@@ -436,101 +450,6 @@ absl::StatusOr<EvalResult> BlockTrainer::Evaluate(const torch::Tensor& input,
     if (modules_.head) modules_.head->train();
     return r;
   });
-}
-
-absl::StatusOr<std::string> BlockTrainer::SaveState(int64_t step) const {
-  if (!pending_.empty() || accumulated_ != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "block ", options_.block, ": state saved with ", pending_.size(),
-        " micro-batches in flight and ", accumulated_,
-        " gradients accumulated; only a step boundary can be saved"));
-  }
-  return Guard("save state", [&]() -> absl::StatusOr<std::string> {
-    BlockStateRecord record;
-    record.block = options_.block;
-    record.step = step;
-    for (const auto& [name, t] : NamedState()) record.tensors[name] = t;
-    record.optimizer = optimizer_->StateTensors();
-    return EncodeBlockState(record);
-  });
-}
-
-absl::StatusOr<int64_t> BlockTrainer::LoadState(const std::string& bytes,
-                                                int64_t expected_step) {
-  const std::string what = absl::StrCat("block ", options_.block, " state");
-  if (!pending_.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, ": cannot load with ", pending_.size(),
-                     " micro-batches in flight"));
-  }
-  return Guard("load state", [&]() -> absl::StatusOr<int64_t> {
-    ASSIGN_OR_RETURN(const BlockStateRecord record,
-                     DecodeBlockState(bytes, what));
-    if (record.block != options_.block) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": the archive holds block ", record.block));
-    }
-    const int64_t step = record.step;
-    if (expected_step >= 0 && step != expected_step) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": the archive is of step ", step, ", expected ",
-                       expected_step));
-    }
-    const auto& tensors = record.tensors;
-    const auto& optim = record.optimizer;
-    // Read and check everything first; change nothing until all is known
-    // to fit.
-    const auto named = NamedState();
-    std::vector<torch::Tensor> loaded;
-    for (const auto& [name, t] : named) {
-      auto it = tensors.find(name);
-      if (it == tensors.end()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, ": tensor '", name, "' is missing"));
-      }
-      const torch::Tensor& v = it->second;
-      if (v.scalar_type() != t.scalar_type() || v.sizes() != t.sizes()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": tensor '", name, "' is ", c10::toString(v.scalar_type()),
-            c10::str(v.sizes()), ", the block has ",
-            c10::toString(t.scalar_type()), c10::str(t.sizes())));
-      }
-      loaded.push_back(v);
-    }
-    if (tensors.size() != named.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": archive has ", tensors.size(),
-                       " tensors, the block ", named.size()));
-    }
-    ASSIGN_OR_RETURN(auto fresh,
-                     Optimizer::Create(optimizer_spec_, TrainedParams()));
-    RETURN_IF_ERROR(fresh->LoadStateTensors(optim, what));
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < named.size(); ++i) {
-      named[i].second.copy_(loaded[i]);
-    }
-    optimizer_ = std::move(fresh);
-    optimizer_->ZeroGrad();
-    accumulated_ = 0;
-    return step;
-  });
-}
-
-std::vector<std::pair<std::string, torch::Tensor>> BlockTrainer::NamedState()
-    const {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  auto add = [&](const std::string& prefix, const torch::nn::Sequential& m) {
-    if (!m) return;
-    for (const auto& kv : m->named_parameters()) {
-      out.emplace_back(prefix + kv.key(), kv.value());
-    }
-    for (const auto& kv : m->named_buffers()) {
-      out.emplace_back(prefix + kv.key(), kv.value());
-    }
-  };
-  add("block.", modules_.block);
-  add("head.", modules_.head);
-  return out;
 }
 
 }  // namespace interlock

@@ -34,6 +34,9 @@ struct TrainerOptions {
   bool skip_nonfinite = false;
   // training.compute_unused_gradients (GradientLists::compute_unused).
   bool compute_unused = false;
+  // Where the block, its head and everything they compute live (the
+  // process's choice, not the config's: services/device.h).
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
@@ -93,16 +96,25 @@ struct EvalResult {
 class BlockTrainer {
  public:
   // Builds block `block` of the model (with its head unless E2E) exactly as
-  // every other process would, and its optimizer.
+  // every other process would (on the CPU, from the run's seed), moves it to
+  // `device`, and builds its optimizer.
   static absl::StatusOr<std::unique_ptr<BlockTrainer>> Create(
-      const interlock::v1::RunConfig& config, const DataShape& shape,
-      int block);
-  // Wraps ready-made modules (the in-process engine builds all blocks once).
+      const interlock::v1::RunConfig& config, const DataShape& shape, int block,
+      c10::Device device = c10::Device(c10::kCPU));
+  // Wraps ready-made modules (the in-process engine builds all blocks once),
+  // moved to `options.device`.
+  //
+  // Devices: tensors handed to Forward, Entry, Backward and Evaluate may be
+  // on any device (decoded messages are on the CPU) and are moved to the
+  // block's; the tensors it returns stay there (the wire codec and the next
+  // block move them). Operation timings wait for the device
+  // (services/device.h Synchronize), so they measure execution.
   static absl::StatusOr<std::unique_ptr<BlockTrainer>> FromModules(
       const TrainerOptions& options, BlockModules modules,
       const interlock::v1::OptimizerSpec& optimizer);
 
   const TrainerOptions& options() const { return options_; }
+  const c10::Device& device() const { return options_.device; }
   bool is_last() const { return options_.block + 1 == options_.num_blocks; }
   // Whether Backward needs gradients from the next block.
   bool NeedsDownstream() const;
@@ -175,18 +187,20 @@ class BlockTrainer {
                                       bool input_nonfinite = false);
 
   // The block's whole training state (parameters, buffers, optimizer state)
-  // as a LibTorch archive tagged with the block index and `step`. Only
-  // between steps: nothing in flight, no gradient accumulated.
+  // as a LibTorch archive tagged with the block index and `step`, of CPU
+  // tensors whatever the block's device (trainer_state.cc). Only between
+  // steps: nothing in flight, no gradient accumulated.
   absl::StatusOr<std::string> SaveState(int64_t step) const;
   // Restores an archive SaveState wrote for this block at `step` (-1: any
-  // step) and returns its step.
+  // step), onto the block's device, and returns its step.
   // Tensors are only read from the archive, never code. Every name, dtype
   // and shape is checked before anything changes; on error the trainer is
   // unchanged.
   absl::StatusOr<int64_t> LoadState(const std::string& archive,
                                     int64_t step = -1);
 
-  // Parameters (and buffers) by name: "block.<name>" and "head.<name>".
+  // Parameters (and buffers) by name: "block.<name>" and "head.<name>",
+  // the live tensors, on the block's device.
   std::vector<std::pair<std::string, torch::Tensor>> NamedState() const;
   torch::nn::Sequential block() const { return modules_.block; }
   torch::nn::Sequential head() const { return modules_.head; }
@@ -195,6 +209,8 @@ class BlockTrainer {
   BlockTrainer(TrainerOptions options, BlockModules modules,
                interlock::v1::OptimizerSpec optimizer);
   GradientLists lists() const;
+  // `t` on the block's device (itself when it is there, or undefined).
+  torch::Tensor OnDevice(torch::Tensor t) const;
   std::vector<torch::Tensor> TrainedParams() const;
 
   struct Pending {

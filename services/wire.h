@@ -20,7 +20,8 @@ struct TensorLimits {
   int64_t max_elements = int64_t{1} << 31;
 };
 
-// Copies a tensor into a wire message (contiguous, CPU, little-endian).
+// Copies a tensor (on any device) into a wire message: contiguous,
+// little-endian, from a CPU copy.
 void EncodeTensor(const torch::Tensor& t, interlock::v1::Tensor* out);
 
 // Decodes with every check: known dtype, rank and element caps, non-negative

@@ -29,6 +29,8 @@ namespace interlock {
 
 // How one direction's tensors travel. A codec may change floating-point
 // tensors only; integer tensors (token ids, targets) travel as they are.
+// Encode takes a tensor on any device, Decode gives CPU tensors (the
+// receiving block moves them to its device), Transfer keeps the device.
 class TensorCodec {
  public:
   virtual ~TensorCodec() = default;

@@ -1,6 +1,7 @@
 // The `interlock train` command: worked examples through the CLI path, the
 // run files, and clear one-line errors with a non-zero exit.
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 namespace interlock {
 namespace {
 
+using interlock::testing::DigestOf;
 using interlock::testing::ParseParams;
 using interlock::testing::RunCommand;
 
@@ -100,6 +102,21 @@ TEST(Cli, SameSeedSameDigestAcrossSchedules) {
   EXPECT_EQ(digest(a.output), digest(b.output));
 }
 
+// Blocks placed on the CPU explicitly, all at once or one by one, train
+// exactly as by default.
+TEST(Cli, ExplicitCpuDevicesKeepTheDigest) {
+  const std::string base = kCli + " train --quiet --config " + kSrc +
+                           "/configs/tests/tiny_resnet.pbtxt --steps 3";
+  auto plain = RunCommand(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_FALSE(DigestOf(plain.output).empty());
+  for (const char* devices : {"cpu", "cpu,cpu,cpu"}) {
+    auto r = RunCommand(base + " --device " + devices);
+    ASSERT_EQ(r.exit_code, 0) << devices << ": " << r.output;
+    EXPECT_EQ(DigestOf(r.output), DigestOf(plain.output)) << devices;
+  }
+}
+
 // Every bad input: a one-line error naming the problem, a non-zero exit.
 TEST(Cli, BadInputsGiveOneLineErrors) {
   const std::string dir = TempDir("bad");
@@ -133,6 +150,15 @@ TEST(Cli, BadInputsGiveOneLineErrors) {
            {"--config " + tiny + " --rule biggest", "--rule"},
            {"--config " + tiny + " --schedule random", "--schedule"},
            {"--config " + fmnist_cfg, "train-images-idx3-ubyte.gz"},
+           {"--config " + tiny + " --device gpu",
+            "--device: 'gpu' is not cpu, cuda or cuda:N"},
+           {"--config " + tiny + " --device cpu,cpu",
+            "--device: 2 devices for a model of 3 blocks"},
+           {"--config " + tiny + " --engine cluster --device cpu,cpu",
+            "--device: 2 devices for a model of 3 blocks"},
+           {"--config " + tiny +
+                " --engine cluster --workers a:1,b:2,c:3 --device cpu",
+            "--device: remote workers"},
        }) {
     auto r = RunCommand(kCli + " train --quiet " + c.args);
     EXPECT_NE(r.exit_code, 0) << c.args;
@@ -148,12 +174,29 @@ TEST(Cli, BadInputsGiveOneLineErrors) {
   std::filesystem::remove_all(dir);
 }
 
+// Debian's LibTorch has no CUDA: asking for it is refused before anything
+// starts, in process and for a local cluster's workers alike.
+TEST(Cli, CudaWithoutCudaIsAClearError) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has CUDA";
+  const std::string tiny = kSrc + "/configs/tests/tiny_resnet.pbtxt";
+  for (const std::string args : {"--device cuda", "--device cpu,cpu,cuda:1",
+                                 "--engine cluster --device cuda:0"}) {
+    auto r = RunCommand(kCli + " train --quiet --config " + tiny + " " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find("interlock: error: --device: 'cuda:"),
+              std::string::npos)
+        << args << ": " << r.output;
+    EXPECT_NE(r.output.find("needs CUDA"), std::string::npos)
+        << args << ": " << r.output;
+  }
+}
+
 // --help describes every flag of the CLI (absl's default found none).
 TEST(Cli, HelpListsEveryFlagWithItsDescription) {
   auto r = RunCommand(kCli + " train --help");
-  for (const char* flag :
-       {"--config", "--steps", "--seed", "--out", "--workers", "--budget",
-        "--token_file", "--checkpoint_every", "--recover_timeout"}) {
+  for (const char* flag : {"--config", "--steps", "--seed", "--out",
+                           "--workers", "--device", "--budget", "--token_file",
+                           "--checkpoint_every", "--recover_timeout"}) {
     EXPECT_NE(r.output.find(std::string(flag) + " ("), std::string::npos)
         << flag << " missing from --help:\n"
         << r.output;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -83,8 +84,9 @@ class ClusterTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new std::string(MakeTempDir("cluster"));
     workers_ = new std::vector<WorkerProcess>();
+    // Tests run on the CPU, asked for explicitly.
     for (int k = 0; k < 4; ++k) {
-      workers_->push_back(StartWorker(kWorker, *dir_, k));
+      workers_->push_back(StartWorker(kWorker, *dir_, k, {"--device=cpu"}));
     }
   }
   static void TearDownTestSuite() {
@@ -811,12 +813,14 @@ TEST(ClusterMetrics, EveryProcessExportsItsMetrics) {
   std::filesystem::remove_all(dir);
 }
 
-// Ctrl-C on a local cluster stops every worker the CLI started.
+// Ctrl-C on a local cluster stops every worker the CLI started; each worker
+// was told its block's --device.
 TEST(ClusterLocal, LocalClusterRunsAndLeavesNoOrphans) {
   const std::string dir = MakeTempDir("local");
   auto r = interlock::testing::RunCommand(
-      kCli + " train --quiet --engine cluster --steps 6 --config " + kSrc +
-      "/configs/tests/tiny_resnet.pbtxt --out " + dir + "/out");
+      kCli +
+      " train --quiet --engine cluster --steps 6 --device cpu --config " +
+      kSrc + "/configs/tests/tiny_resnet.pbtxt --out " + dir + "/out");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto in = interlock::testing::RunCommand(
       kCli + " train --quiet --steps 6 --config " + kSrc +
@@ -828,11 +832,11 @@ TEST(ClusterLocal, LocalClusterRunsAndLeavesNoOrphans) {
   EXPECT_EQ(digest(r.output), digest(in.output));
   EXPECT_FALSE(digest(r.output).empty());
 
-  Child cli =
-      StartCli({"train", "--quiet", "--engine=cluster", "--steps=100000",
-                "--config=" + kSrc + "/configs/tests/tiny_resnet.pbtxt",
-                "--out=" + dir + "/out2"},
-               dir + "/cli.log");
+  Child cli = StartCli({"train", "--quiet", "--engine=cluster",
+                        "--steps=100000", "--device=cpu,CPU,cpu",
+                        "--config=" + kSrc + "/configs/tests/tiny_resnet.pbtxt",
+                        "--out=" + dir + "/out2"},
+                       dir + "/cli.log");
   for (int i = 0; i < 600 && LinesIn(dir + "/out2/metrics.jsonl") < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -843,6 +847,11 @@ TEST(ClusterLocal, LocalClusterRunsAndLeavesNoOrphans) {
   std::istringstream listed(children.output);
   for (pid_t p; listed >> p;) pids.push_back(p);
   EXPECT_EQ(pids.size(), 3u) << children.output;
+  for (pid_t p : pids) {
+    std::string cmdline = ReadFile("/proc/" + std::to_string(p) + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    EXPECT_NE(cmdline.find(" --device=cpu"), std::string::npos) << cmdline;
+  }
   kill(cli.pid, SIGINT);
   EXPECT_NE(WaitExit(cli.pid, 30), -1);
   // Those very processes are gone (other tests may run local clusters of

@@ -1,9 +1,12 @@
-// Invalid configurations get a clear error that points at the field.
+// Invalid configurations (and device names) get a clear error that points
+// at the field or flag.
 #include "services/config.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include "coordinator/train.h"
+#include "services/device.h"
 
 namespace interlock {
 namespace {
@@ -102,6 +105,64 @@ TEST(Config, MissingDataFileIsReported) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
   EXPECT_NE(r.status().message().find("/nonexistent/fmnist"), std::string::npos)
       << r.status();
+}
+
+// --device names: cpu, cuda, cuda:N; anything else names the flag and value.
+TEST(Device, NamesParseAndBadOnesNameTheFlag) {
+  EXPECT_EQ(*ParseDeviceName("--device", "cpu"), c10::Device(c10::kCPU));
+  EXPECT_EQ(*ParseDeviceName("--device", "CPU"), c10::Device(c10::kCPU));
+  EXPECT_EQ(*ParseDeviceName("--device", "cuda"), c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(*ParseDeviceName("--device", "cuda:3"), c10::Device(c10::kCUDA, 3));
+  for (const std::string bad : {"gpu", "", "cuda:", "cuda:-1", "cuda:x",
+                                "cuda:1:2", "cuda:128", " cpu", "mps"}) {
+    SCOPED_TRACE(bad);
+    auto d = ParseDeviceName("--device", bad);
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find("--device: '" + bad +
+                                        "' is not cpu, cuda or cuda:N"),
+              std::string::npos)
+        << d.status();
+  }
+}
+
+TEST(Device, CudaNeedsACudaLibTorchAndAVisibleGpu) {
+  EXPECT_EQ(*ParseDevice("--device", "cpu"), c10::Device(c10::kCPU));
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has CUDA";
+  for (const char* name : {"cuda", "cuda:1"}) {
+    auto d = ParseDevice("--device", name);
+    ASSERT_FALSE(d.ok()) << name;
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(d.status().message().find("--device: 'cuda:"), std::string::npos)
+        << d.status();
+    EXPECT_NE(d.status().message().find("CUDA"), std::string::npos)
+        << d.status();
+  }
+}
+
+TEST(Device, OneDeviceForAllBlocksOrOnePerBlock) {
+  const c10::Device cpu(c10::kCPU);
+  EXPECT_TRUE(ParseDeviceList("--device", "")->empty());
+  EXPECT_EQ(*ParseDeviceList("--device", "cpu,CPU,cpu"),
+            std::vector<c10::Device>(3, cpu));
+  auto empty_entry = ParseDeviceList("--device", "cpu,,cpu");
+  EXPECT_NE(empty_entry.status().message().find("empty entry (device 2)"),
+            std::string::npos)
+      << empty_entry.status();
+  auto bad = ParseDeviceList("--device", "cpu,gpu");
+  EXPECT_NE(bad.status().message().find("'gpu'"), std::string::npos)
+      << bad.status();
+
+  const std::vector<c10::Device> four(4, cpu);
+  EXPECT_EQ(*BlockDevices("--device", {}, 4), four);
+  EXPECT_EQ(*BlockDevices("--device", {cpu}, 4), four);
+  EXPECT_EQ(*BlockDevices("--device", four, 4), four);
+  auto mismatch = BlockDevices("--device", {cpu, cpu, cpu}, 4);
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mismatch.status().message().find(
+                "--device: 3 devices for a model of 4 blocks"),
+            std::string::npos)
+      << mismatch.status();
 }
 
 }  // namespace

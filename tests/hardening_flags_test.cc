@@ -2,6 +2,7 @@
 // port, an unauthenticated metrics port (docs/RELIABILITY.md, "Attacks and
 // mistakes").
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include "tests/cluster_util.h"
 #include "tests/worker_test_util.h"
@@ -104,6 +105,27 @@ TEST_F(HardeningFlags, BadFlagsExitCleanlyNamingTheFlag) {
                                       "--metrics_port=0"};
     flags.insert(flags.end(), c.flags.begin(), c.flags.end());
     ExpectCleanRefusal(Refused(flags), c.wanted);
+  }
+}
+
+// --device is checked before anything listens: a name that is no device,
+// or CUDA with this CPU-only LibTorch, exits 2 naming the flag.
+TEST_F(HardeningFlags, BadDeviceExitsTwoNamingTheFlag) {
+  std::vector<std::pair<std::string, std::string>> cases = {
+      {"gpu", "--device: 'gpu' is not cpu, cuda or cuda:N"},
+      {"cuda:x", "--device: 'cuda:x' is not cpu, cuda or cuda:N"},
+      {"", "--device: '' is not cpu, cuda or cuda:N"},
+  };
+  if (!torch::cuda::is_available()) {
+    cases.push_back({"cuda", "--device: 'cuda:0' needs CUDA"});
+    cases.push_back({"cuda:1", "--device: 'cuda:1' needs CUDA"});
+  }
+  for (const auto& [device, wanted] : cases) {
+    SCOPED_TRACE(device);
+    const ExitResult r = Refused({"--host=127.0.0.1", "--port=0",
+                                  "--metrics_port=0", "--device=" + device});
+    ExpectCleanRefusal(r, {wanted});
+    EXPECT_EQ(r.code, 2) << r.output;
   }
 }
 

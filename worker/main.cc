@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/channel.h"
+#include "services/device.h"
 #include "services/runtime.h"
 #include "worker/server.h"
 
@@ -58,6 +59,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA: require client certificates signed by it (mutual TLS) and "
           "verify the next block against it");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the block runs: cpu, cuda (= cuda:0) or cuda:N; CUDA needs "
+          "a LibTorch built with it and that GPU visible");
 ABSL_FLAG(std::string, health_check, "",
           "ask the gRPC health service at this address (host:port) and exit: "
           "0 SERVING, 1 NOT_SERVING, 2 unreachable or error");
@@ -195,7 +199,8 @@ int main(int argc, char** argv) {
       "interlock-worker [--host H] [--port P] [--metrics_port M] "
       "[--metrics_host H] [--metrics_token_file F] [--port_file F] "
       "[--max_message_bytes B] [--max_concurrent_streams N] "
-      "[--token-file F] [--tls-cert F --tls-key F] [--tls-ca F]\n"
+      "[--token-file F] [--tls-cert F --tls-key F] [--tls-ca F] "
+      "[--device cpu|cuda[:N]]\n"
       "interlock-worker --health_check HOST:PORT [--health_service S] "
       "[--tls-cert F --tls-key F] [--tls-ca F]");
   std::vector<std::string> storage(argv, argv + argc);
@@ -257,6 +262,13 @@ int main(int argc, char** argv) {
     }
     options.metrics_token = *std::move(token);
   }
+  auto device = interlock::ParseDevice("--device", absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::cerr << "interlock-worker: error: " << device.status().message()
+              << "\n";
+    return 2;
+  }
+  options.device = *device;
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (options.max_message_bytes < (1 << 20)) {
     std::cerr << "interlock-worker: error: --max_message_bytes must be at "
@@ -306,7 +318,7 @@ int main(int argc, char** argv) {
                                                        : options.metrics_host,
                           ":", (*server)->metrics_port(),
                           options.metrics_token.empty() ? "" : " (token)"))
-            << "\n";
+            << ", blocks on " << options.device.str() << "\n";
   int sig = 0;
   sigwait(&signals, &sig);
   std::cerr << "interlock-worker: signal " << sig << ", shutting down\n";

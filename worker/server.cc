@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   std::unique_ptr<WorkerServer> s(new WorkerServer());
   WorkerOptions core_options;
   core_options.max_message_bytes = options.max_message_bytes;
+  core_options.device = options.device;
   s->core_ = std::make_unique<WorkerCore>(core_options, &s->metrics_,
                                           GrpcLinkFactory(options.security));
   WorkerServiceOptions service_options;

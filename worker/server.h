@@ -31,6 +31,8 @@ struct WorkerServerOptions {
   int max_concurrent_streams = 8;
   // Bearer token and TLS for the server and for the link to the next block.
   TransportSecurity security;
+  // Where configured blocks run (services/device.h).
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 class WorkerServer {

@@ -129,8 +129,9 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   }
 
   ConfigureThreads(config.training().threads_per_block());
-  ASSIGN_OR_RETURN(auto trainer,
-                   BlockTrainer::Create(config, shape, req.block()));
+  ASSIGN_OR_RETURN(
+      auto trainer,
+      BlockTrainer::Create(config, shape, req.block(), options_.device));
   ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));
   auto run = std::make_unique<Run>(std::move(codec));
   run->run_id = req.run_id();

@@ -59,6 +59,8 @@ struct WorkerOptions {
   // before it restores a checkpoint into every block, so this leaves room
   // for large restores.
   std::chrono::milliseconds stream_proof_timeout{30000};
+  // Where the configured block runs (--device; checked usable at startup).
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 class WorkerCore {

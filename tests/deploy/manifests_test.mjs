@@ -219,6 +219,7 @@ function checkWorkers(workers, byKind) {
     const token = flagValue(c.args, "token_file") ?? flagValue(c.args, "token-file");
     check(token && volumeFor(d.spec.template.spec, c, token)?.secret,
       `${w}: --token_file is read from the Secret volume`);
+    checkDevice(w, c);
     const svc = services.find((s) => s.metadata.name === d.metadata.name);
     if (check(svc, `${w}: headless Service of the same name`)) {
       check(svc.spec.clusterIP === "None", `Service ${svc.metadata.name}: headless`);
@@ -234,6 +235,20 @@ function checkWorkers(workers, byKind) {
       `${w}: exactly one PodDisruptionBudget, for this block`);
   }
   return { k, grpc: portNumber(workers[0]?.spec.template.spec.containers[0] ?? {}, "grpc") };
+}
+
+// A worker runs its block on a GPU (--device=cuda[:N]) exactly when its pod
+// requests one, and on one of those it requests.
+function checkDevice(w, c) {
+  const given = (c.args ?? []).filter((a) => a.startsWith("--device"));
+  check(given.length <= 1, `${w}: --device at most once`);
+  const device = flagValue(c.args, "device") ?? "cpu";
+  const m = /^(cpu|cuda)(?::(\d+))?$/.exec(device);
+  if (!check(m && !(m[1] === "cpu" && m[2]), `${w}: --device=${device} is cpu, cuda or cuda:N`)) return;
+  const gpus = Number(c.resources?.limits?.["nvidia.com/gpu"] ?? 0);
+  check((m[1] === "cuda") === gpus > 0,
+    `${w}: --device=${device} with ${gpus} GPU(s) requested (cuda needs a GPU, a GPU needs cuda)`);
+  if (m[1] === "cuda") check(Number(m[2] ?? 0) < gpus, `${w}: --device=${device} is one of its ${gpus} GPU(s)`);
 }
 
 function checkCoordinator(jobs, chain, byKind) {
