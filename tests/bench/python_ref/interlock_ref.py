@@ -301,7 +301,7 @@ class Lists:
 
 def synthetic_images(cfg, gen):
     """Class patterns in [-1, 1] plus Gaussian noise (std 0.5), as
-    services/data.cc makes them (another random stream)."""
+    services/data_images.cc makes them (another random stream)."""
     shape, classes, n = cfg["shape"], cfg["classes"], cfg["train"]
     patterns = torch.rand([classes] + shape, generator=gen) * 2 - 1
     y = torch.randint(classes, (n,), generator=gen)
