@@ -123,8 +123,8 @@ def read_config(path):
 
 # ---------------------------------------------------------------- model
 # The same layers, in the same order and with the same default
-# initialisation, as services/models.cc builds (values differ: another
-# random stream).
+# initialisation, as services/resnet.cc and models.cc build (values differ:
+# another random stream).
 
 class Stem(nn.Module):
     def __init__(self, cin, cout):
