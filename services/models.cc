@@ -1,24 +1,28 @@
+// Models cut depth-wise into blocks: the family a ModelSpec names as units
+// (the scale test model and the MLP here, ResNet and the transformer in
+// resnet.cc and transformer.cc), the partition into blocks, the auxiliary
+// heads and the blocks' output shapes.
 #include "services/models.h"
 
-#include <cmath>
 #include <mutex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "services/models_internal.h"
 
 namespace interlock {
 namespace {
 
 namespace nn = torch::nn;
 using interlock::v1::ModelSpec;
-
-// Shape of the activation between units (batch dimension omitted).
-struct Shape {
-  enum Kind { kImage, kVector, kSequence, kTokens } kind = kImage;
-  int64_t c = 0, h = 0, w = 0;  // kImage: C,H,W; kVector/kSequence: c = width
-};
+using models_internal::DecoderLayer;
+using models_internal::GptLinear;
+using models_internal::ResNetUnits;
+using models_internal::Shape;
+using models_internal::TransformerUnits;
+using models_internal::Unit;
 
 torch::Tensor Relu(torch::Tensor x) { return torch::relu(x); }
 
@@ -33,111 +37,11 @@ struct ScaleImpl : nn::Module {
 };
 TORCH_MODULE(Scale);
 
-struct BasicBlockImpl : nn::Module {
-  BasicBlockImpl(int64_t in, int64_t planes, int64_t stride) {
-    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, planes, 3)
-                                                    .stride(stride)
-                                                    .padding(1)
-                                                    .bias(false)));
-    bn1 = register_module("bn1", nn::BatchNorm2d(planes));
-    conv2 = register_module(
-        "conv2",
-        nn::Conv2d(
-            nn::Conv2dOptions(planes, planes, 3).padding(1).bias(false)));
-    bn2 = register_module("bn2", nn::BatchNorm2d(planes));
-    if (stride != 1 || in != planes) {
-      shortcut = register_module(
-          "shortcut",
-          nn::Sequential(
-              nn::Conv2d(
-                  nn::Conv2dOptions(in, planes, 1).stride(stride).bias(false)),
-              nn::BatchNorm2d(planes)));
-    }
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto out = torch::relu(bn1(conv1(x)));
-    out = bn2(conv2(out));
-    out = out + (shortcut ? shortcut->forward(x) : x);
-    return torch::relu(out);
-  }
-  nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
-  nn::Sequential shortcut{nullptr};
-};
-TORCH_MODULE(BasicBlock);
-
-struct BottleneckImpl : nn::Module {
-  static constexpr int64_t kExpansion = 4;
-  BottleneckImpl(int64_t in, int64_t planes, int64_t stride) {
-    const int64_t out_planes = planes * kExpansion;
-    conv1 = register_module(
-        "conv1", nn::Conv2d(nn::Conv2dOptions(in, planes, 1).bias(false)));
-    bn1 = register_module("bn1", nn::BatchNorm2d(planes));
-    conv2 =
-        register_module("conv2", nn::Conv2d(nn::Conv2dOptions(planes, planes, 3)
-                                                .stride(stride)
-                                                .padding(1)
-                                                .bias(false)));
-    bn2 = register_module("bn2", nn::BatchNorm2d(planes));
-    conv3 = register_module(
-        "conv3",
-        nn::Conv2d(nn::Conv2dOptions(planes, out_planes, 1).bias(false)));
-    bn3 = register_module("bn3", nn::BatchNorm2d(out_planes));
-    if (stride != 1 || in != out_planes) {
-      shortcut = register_module(
-          "shortcut",
-          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out_planes, 1)
-                                        .stride(stride)
-                                        .bias(false)),
-                         nn::BatchNorm2d(out_planes)));
-    }
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto out = torch::relu(bn1(conv1(x)));
-    out = torch::relu(bn2(conv2(out)));
-    out = bn3(conv3(out));
-    out = out + (shortcut ? shortcut->forward(x) : x);
-    return torch::relu(out);
-  }
-  nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
-  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
-  nn::Sequential shortcut{nullptr};
-};
-TORCH_MODULE(Bottleneck);
-
 // Global average pooling to [B, C].
 struct GlobalPoolImpl : nn::Module {
   torch::Tensor forward(const torch::Tensor& x) { return x.mean({2, 3}); }
 };
 TORCH_MODULE(GlobalPool);
-
-// Conv3x3 + BatchNorm + ReLU stem fitted to the input channels.
-struct StemImpl : nn::Module {
-  StemImpl(int64_t in, int64_t out) {
-    conv = register_module(
-        "conv",
-        nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).bias(false)));
-    bn = register_module("bn", nn::BatchNorm2d(out));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return torch::relu(bn(conv(x)));
-  }
-  nn::Conv2d conv{nullptr};
-  nn::BatchNorm2d bn{nullptr};
-};
-TORCH_MODULE(Stem);
-
-// Global average pooling and the linear classifier.
-struct ClassifierImpl : nn::Module {
-  ClassifierImpl(int64_t in, int64_t classes) {
-    fc = register_module("fc", nn::Linear(in, classes));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc(x.dim() == 4 ? x.mean({2, 3}) : x);
-  }
-  nn::Linear fc{nullptr};
-};
-TORCH_MODULE(Classifier);
 
 // Hidden layer of the MLP: (flatten) + linear + ReLU.
 struct MlpLayerImpl : nn::Module {
@@ -150,182 +54,6 @@ struct MlpLayerImpl : nn::Module {
   nn::Linear fc{nullptr};
 };
 TORCH_MODULE(MlpLayer);
-
-// Token and position embeddings: [B, T] int64 -> [B, T, D].
-struct EmbeddingImpl : nn::Module {
-  EmbeddingImpl(int64_t vocab, int64_t context, int64_t d) {
-    tokens = register_module("tokens", nn::Embedding(vocab, d));
-    positions = register_module("positions", nn::Embedding(context, d));
-    nn::init::normal_(tokens->weight, 0.0, 0.02);
-    nn::init::normal_(positions->weight, 0.0, 0.02);
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto pos = torch::arange(x.size(1), torch::dtype(torch::kInt64));
-    return tokens(x) + positions(pos).unsqueeze(0);
-  }
-  nn::Embedding tokens{nullptr}, positions{nullptr};
-};
-TORCH_MODULE(Embedding);
-
-nn::Linear GptLinear(int64_t in, int64_t out) {
-  nn::Linear l(in, out);
-  nn::init::normal_(l->weight, 0.0, 0.02);
-  nn::init::zeros_(l->bias);
-  return l;
-}
-
-// Pre-LayerNorm decoder layer with causal multi-head self-attention.
-struct DecoderLayerImpl : nn::Module {
-  DecoderLayerImpl(int64_t d, int64_t heads, int64_t d_ff) : heads_(heads) {
-    ln1 = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d})));
-    qkv = register_module("qkv", GptLinear(d, 3 * d));
-    proj = register_module("proj", GptLinear(d, d));
-    ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({d})));
-    fc1 = register_module("fc1", GptLinear(d, d_ff));
-    fc2 = register_module("fc2", GptLinear(d_ff, d));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-    const int64_t dh = d / heads_;
-    auto parts = qkv(ln1(x)).split(d, 2);
-    auto q = parts[0].view({b, t, heads_, dh}).transpose(1, 2);
-    auto k = parts[1].view({b, t, heads_, dh}).transpose(1, 2);
-    auto v = parts[2].view({b, t, heads_, dh}).transpose(1, 2);
-    auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(dh));
-    auto mask = torch::ones({t, t}, torch::dtype(torch::kBool)).triu(1);
-    att = att.masked_fill(mask, -std::numeric_limits<float>::infinity());
-    att = torch::softmax(att, -1);
-    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
-    auto h = x + proj(y);
-    return h + fc2(torch::gelu(fc1(ln2(h))));
-  }
-  int64_t heads_;
-  nn::LayerNorm ln1{nullptr}, ln2{nullptr};
-  nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(DecoderLayer);
-
-// Final LayerNorm and the language-model head.
-struct LmHeadImpl : nn::Module {
-  LmHeadImpl(int64_t d, int64_t vocab) {
-    ln = register_module("ln", nn::LayerNorm(nn::LayerNormOptions({d})));
-    fc = register_module("fc", GptLinear(d, vocab));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return fc(ln(x)); }
-  nn::LayerNorm ln{nullptr};
-  nn::Linear fc{nullptr};
-};
-TORCH_MODULE(LmHead);
-
-// One unit of the model and the shape it produces.
-struct Unit {
-  nn::AnyModule module;
-  Shape out;
-};
-
-absl::StatusOr<std::vector<int64_t>> ParseIntList(const std::string& s,
-                                                  const std::string& what) {
-  std::vector<int64_t> out;
-  for (absl::string_view part : absl::StrSplit(s, ',')) {
-    int64_t v;
-    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": '", part, "' in '", s, "' is not a positive integer"));
-    }
-    out.push_back(v);
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<Unit>> ResNetUnits(
-    const interlock::v1::ResNetSpec& r, const DataShape& data) {
-  if (data.is_text || data.is_vector) {
-    return absl::InvalidArgumentError(
-        "model.resnet: needs image data (channels x height x width)");
-  }
-  if (data.channels != 1 && data.channels != 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.resnet: input has ", data.channels,
-                     " channels, expected 1 or 3"));
-  }
-  const std::string type = r.block_type().empty() ? "basic" : r.block_type();
-  if (type != "basic" && type != "bottleneck") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.resnet.block_type: '", type, "', expected basic or bottleneck"));
-  }
-  if (r.architecture().empty()) {
-    return absl::InvalidArgumentError(
-        "model.resnet.architecture: empty, expected 'planes,blocks/...'");
-  }
-  std::vector<std::pair<int64_t, int64_t>> stages;
-  for (absl::string_view stage : absl::StrSplit(r.architecture(), '/')) {
-    auto nums = ParseIntList(std::string(stage), "model.resnet.architecture");
-    if (!nums.ok()) return nums.status();
-    if (nums->size() != 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.resnet.architecture: stage '", stage,
-                       "' must be 'planes,blocks'"));
-    }
-    stages.emplace_back((*nums)[0], (*nums)[1]);
-  }
-  std::vector<Unit> units;
-  const int64_t stem = r.stem_planes() > 0 ? r.stem_planes() : stages[0].first;
-  Shape s{Shape::kImage, stem, data.height, data.width};
-  units.push_back({nn::AnyModule(Stem(data.channels, stem)), s});
-  int64_t in = stem;
-  for (size_t i = 0; i < stages.size(); ++i) {
-    for (int64_t b = 0; b < stages[i].second; ++b) {
-      const int64_t stride = (i > 0 && b == 0) ? 2 : 1;
-      const int64_t planes = stages[i].first;
-      if (stride == 2) {
-        s.h = (s.h + 1) / 2;
-        s.w = (s.w + 1) / 2;
-      }
-      if (type == "basic") {
-        units.push_back({nn::AnyModule(BasicBlock(in, planes, stride)), s});
-        in = planes;
-      } else {
-        units.push_back({nn::AnyModule(Bottleneck(in, planes, stride)), s});
-        in = planes * BottleneckImpl::kExpansion;
-      }
-      units.back().out.c = in;
-      s.c = in;
-    }
-  }
-  units.push_back({nn::AnyModule(Classifier(in, data.classes)),
-                   Shape{Shape::kVector, data.classes, 1, 1}});
-  return units;
-}
-
-absl::StatusOr<std::vector<Unit>> TransformerUnits(
-    const interlock::v1::TransformerSpec& t, const DataShape& data) {
-  if (!data.is_text) {
-    return absl::InvalidArgumentError(
-        "model.transformer: needs text data (data.kind TEXT or "
-        "SYNTHETIC_TEXT)");
-  }
-  if (t.d_model() <= 0 || t.layers() <= 0 || t.heads() <= 0 ||
-      t.context() <= 0) {
-    return absl::InvalidArgumentError(
-        "model.transformer: d_model, layers, heads and context must be > 0");
-  }
-  if (t.d_model() % t.heads() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.transformer.heads: ", t.heads(),
-                     " does not divide d_model ", t.d_model()));
-  }
-  const int64_t d = t.d_model();
-  const int64_t d_ff = t.d_ff() > 0 ? t.d_ff() : 4 * d;
-  std::vector<Unit> units;
-  Shape s{Shape::kSequence, d, t.context(), 1};
-  units.push_back({nn::AnyModule(Embedding(data.classes, t.context(), d)), s});
-  for (int i = 0; i < t.layers(); ++i) {
-    units.push_back({nn::AnyModule(DecoderLayer(d, t.heads(), d_ff)), s});
-  }
-  units.push_back({nn::AnyModule(LmHead(d, data.classes)),
-                   Shape{Shape::kSequence, data.classes, t.context(), 1}});
-  return units;
-}
 
 absl::StatusOr<std::vector<Unit>> MlpUnits(const interlock::v1::MlpSpec& m,
                                            const DataShape& data) {

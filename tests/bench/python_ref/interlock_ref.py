@@ -123,8 +123,8 @@ def read_config(path):
 
 # ---------------------------------------------------------------- model
 # The same layers, in the same order and with the same default
-# initialisation, as services/models.cc builds (values differ: another
-# random stream).
+# initialisation, as services/resnet.cc and models.cc build (values differ:
+# another random stream).
 
 class Stem(nn.Module):
     def __init__(self, cin, cout):
@@ -301,7 +301,7 @@ class Lists:
 
 def synthetic_images(cfg, gen):
     """Class patterns in [-1, 1] plus Gaussian noise (std 0.5), as
-    services/data.cc makes them (another random stream)."""
+    services/data_images.cc makes them (another random stream)."""
     shape, classes, n = cfg["shape"], cfg["classes"], cfg["train"]
     patterns = torch.rand([classes] + shape, generator=gen) * 2 - 1
     y = torch.randint(classes, (n,), generator=gen)

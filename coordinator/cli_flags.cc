@@ -1,0 +1,322 @@
+// The flags of the `interlock` CLI and of interlock-coordinator: their
+// definitions and --help, parsing the command line, and the flags every
+// training command shares turned into TrainOptions.
+#include "coordinator/cli_flags.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <iostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "services/device.h"
+
+ABSL_FLAG(std::string, config, "", "RunConfig file (protobuf text format)");
+ABSL_FLAG(std::string, mode, "", "e2e or interlock (overrides the config)");
+ABSL_FLAG(int, n, 0, "interlocking width n (1 = local learning, K = E2E)");
+ABSL_FLAG(std::string, rule, "", "furthest or sum");
+ABSL_FLAG(int64_t, steps, -1, "optimizer steps to run (overrides epochs)");
+ABSL_FLAG(int, epochs, -1, "epochs to run when steps is not set");
+ABSL_FLAG(int64_t, seed, -1, "seed of initialisation and data order");
+ABSL_FLAG(int, threads_per_block, 0, "LibTorch intra-op threads per block");
+ABSL_FLAG(std::string, schedule, "sequential",
+          "in-process schedule: sequential (one thread) or threaded (one "
+          "thread per block)");
+ABSL_FLAG(std::string, out, "",
+          "folder for metrics.jsonl, eval.jsonl and "
+          "summary.json");
+ABSL_FLAG(bool, dump_params, false, "print every parameter as JSON at the end");
+ABSL_FLAG(bool, quiet, false, "no progress output");
+#ifdef INTERLOCK_COORDINATOR_BINARY
+constexpr char kDefaultEngine[] = "cluster";
+#else
+constexpr char kDefaultEngine[] = "inprocess";
+#endif
+ABSL_FLAG(std::string, engine, kDefaultEngine,
+          "inprocess (one process) or cluster (worker services over gRPC)");
+ABSL_FLAG(std::string, workers, "",
+          "cluster: comma-separated worker addresses, one per block in order; "
+          "empty starts a local cluster on loopback");
+ABSL_FLAG(std::string, device, "",
+          "where the blocks run: cpu, cuda (= cuda:0) or cuda:N, for every "
+          "block or one per block (cpu,cpu,cuda:0,cuda:1); in process and a "
+          "local cluster's workers (empty: cpu)");
+ABSL_FLAG(std::string, worker_binary, "",
+          "local cluster: the interlock-worker executable");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
+          "cluster: how long to wait for each worker to be reachable");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve the coordinator's /metrics on this port (-1: off)");
+ABSL_FLAG(absl::Duration, budget, absl::ZeroDuration(),
+          "stop at this much training wall time, then evaluate (e.g. 10m)");
+ABSL_FLAG(absl::Duration, budget_virtual, absl::ZeroDuration(),
+          "stop at this much time on the virtual clock (one accelerator per "
+          "block), then evaluate");
+ABSL_FLAG(int, window, 0,
+          "micro-batches in flight (0: 2 x blocks x micro-batches per step)");
+ABSL_FLAG(absl::Duration, link_latency, absl::Microseconds(100),
+          "virtual clock: latency of every message between processes");
+ABSL_FLAG(double, link_bandwidth, 4.4e8,
+          "virtual clock: bytes per second of every link");
+ABSL_FLAG(std::string, modes, "",
+          "compare: modes to run, e.g. e2e,1,2,2sum (N: N-way FURTHEST, Nsum: "
+          "N-way SUM)");
+ABSL_FLAG(std::string, profile, "",
+          "simulate: a run's --out folder (its profile.json) or the file");
+ABSL_FLAG(int, blocks, 0,
+          "simulate: blocks K to predict for (0: the profile's); another K "
+          "than measured cuts the model into K blocks of equal cost");
+ABSL_FLAG(int, microbatches, 0,
+          "simulate: micro-batches per step (0: the profile's)");
+ABSL_FLAG(bool, sweep, false,
+          "simulate: also print step time against K = 2, 4, 8, 16 for e2e, "
+          "1-, 2- and 3-way");
+ABSL_FLAG(std::string, token_file, "",
+          "cluster: file holding the shared bearer token sent on every call "
+          "to the workers (a local cluster's workers require it)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "cluster: PEM client certificate for mutual TLS (a local cluster's "
+          "workers serve with it)");
+ABSL_FLAG(std::string, tls_key, "", "cluster: PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "cluster: PEM CA the workers' certificates are checked against "
+          "(turns TLS on)");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "take a checkpoint every N steps (0: only on SIGTERM/SIGINT)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "folder of the run's checkpoints (default OUT/checkpoints); a run "
+          "resumes from the newest complete one found there");
+ABSL_FLAG(int, keep_checkpoints, 3, "keep the newest N checkpoints");
+ABSL_FLAG(std::string, resume, "",
+          "resume from this checkpoint (or the newest complete one in this "
+          "folder)");
+ABSL_FLAG(absl::Duration, recover_timeout, absl::Seconds(120),
+          "cluster: how long to wait for failed workers to come back before "
+          "restoring the last checkpoint (0: a failure ends the run)");
+
+namespace interlock {
+namespace cli {
+namespace {
+
+// The flags the command line names (underscores for dashes).
+std::set<std::string> g_given_flags;
+
+}  // namespace
+
+const char kUsage[] =
+    "interlock train --config FILE [--mode e2e|interlock] [--n N] "
+    "[--rule furthest|sum] [--steps N] [--epochs N] [--seed S] "
+    "[--threads-per-block T] [--schedule sequential|threaded] [--out DIR] "
+    "[--dump-params] [--engine inprocess|cluster] [--workers A,B,...] "
+    "[--device cpu|cuda[:N][,...]] [--metrics-port P] [--budget T] "
+    "[--budget-virtual T] "
+    "[--link-latency T] [--link-bandwidth B] [--token-file F] "
+    "[--tls-cert F --tls-key F] [--tls-ca F] [--checkpoint-every N] "
+    "[--checkpoint-dir DIR] [--keep-checkpoints N] [--resume DIR] "
+    "[--recover-timeout 120s]\n"
+    "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
+    "[--budget-virtual T | --budget T | --steps N] --out DIR "
+    "[--engine inprocess|cluster] [--device D] [--seed S] "
+    "[--threads-per-block T]\n"
+    "  interlock simulate --profile DIR [--blocks K] [--n N|e2e] "
+    "[--rule furthest|sum] [--microbatches M] [--link-bandwidth B] "
+    "[--link-latency T] [--sweep] (an input-gradient-only pass the profile "
+    "did not measure counts 0.5 of the parameter backward pass)";
+
+int Fail(const std::string& message, int code) {
+  std::cerr << "interlock: error: " << message << "\n";
+  return code;
+}
+
+bool Given(absl::string_view name) {
+  return g_given_flags.count(std::string(name)) > 0;
+}
+
+CommandLine ParseFlags(int argc, char** argv) {
+  CommandLine parsed;
+  // --help lists the flags of this file (absl's default looks for a file
+  // named after the program and found none).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "cli_flags.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(kUsage);
+  // Accept --dump-params as well as --dump_params.
+  std::vector<std::string> storage(argv, argv + argc);
+  std::vector<std::string> typed;
+  for (const auto& a : storage) {
+    const bool plain =
+        !a.empty() && a.find_first_of(" '\"$`\\") == std::string::npos;
+    typed.push_back(
+        plain ? a : "'" + absl::StrReplaceAll(a, {{"'", "'\\''"}}) + "'");
+  }
+  parsed.typed = absl::StrJoin(typed, " ");
+  // `--n e2e` (simulate's way to pick E2E) means --mode=e2e.
+  for (size_t i = 1; i < storage.size(); ++i) {
+    if (storage[i] == "--n=e2e" ||
+        (storage[i] == "--n" && i + 1 < storage.size() &&
+         storage[i + 1] == "e2e")) {
+      if (storage[i] == "--n") storage.erase(storage.begin() + i + 1);
+      storage[i] = "--mode=e2e";
+    }
+  }
+  std::vector<char*> argv2;
+  for (auto& a : storage) {
+    if (a.rfind("--", 0) == 0) {
+      for (size_t i = 2; i < a.size() && a[i] != '='; ++i) {
+        if (a[i] == '-') a[i] = '_';
+      }
+      g_given_flags.insert(a.substr(2, a.find('=') - 2));
+    } else if (a.size() > 1 && a[0] == '-' && absl::ascii_isalpha(a[1])) {
+      // absl also takes -flag; a negative number is a value, not a flag.
+      g_given_flags.insert(a.substr(1, a.find('=') - 1));
+    }
+    argv2.push_back(a.data());
+  }
+  std::vector<char*> args =
+      absl::ParseCommandLine(static_cast<int>(argv2.size()), argv2.data());
+  parsed.args.assign(args.begin(), args.end());
+  return parsed;
+}
+
+int CheckNumericFlags() {
+  if (Given(FLAGS_steps) && absl::GetFlag(FLAGS_steps) < 1) {
+    return Fail(absl::StrCat("--steps: ", absl::GetFlag(FLAGS_steps),
+                             ", must be >= 1 (leave it out to use the "
+                             "config's steps or epochs)"),
+                2);
+  }
+  if (Given(FLAGS_epochs) && absl::GetFlag(FLAGS_epochs) < 1) {
+    return Fail(absl::StrCat("--epochs: ", absl::GetFlag(FLAGS_epochs),
+                             ", must be >= 1"),
+                2);
+  }
+  if (Given(FLAGS_seed) && absl::GetFlag(FLAGS_seed) < 0) {
+    return Fail(absl::StrCat("--seed: ", absl::GetFlag(FLAGS_seed),
+                             ", must be >= 0 (leave it out to use the "
+                             "config's seed)"),
+                2);
+  }
+  if (Given(FLAGS_n) && absl::GetFlag(FLAGS_n) < 1) {
+    return Fail(absl::StrCat("--n: ", absl::GetFlag(FLAGS_n), ", must be >= 1"),
+                2);
+  }
+  const int threads = absl::GetFlag(FLAGS_threads_per_block);
+  if (Given(FLAGS_threads_per_block) && (threads < 1 || threads > 256)) {
+    return Fail(
+        absl::StrCat("--threads-per-block: ", threads, ", must be in 1..256"),
+        2);
+  }
+  const int port = absl::GetFlag(FLAGS_metrics_port);
+  if (port < -1 || port > 65535) {
+    return Fail(absl::StrCat("--metrics-port: ", port,
+                             ", must be a port in 0..65535 (0: any free "
+                             "port) or -1 (off)"),
+                2);
+  }
+  const absl::Duration connect = absl::GetFlag(FLAGS_connect_timeout);
+  if (connect <= absl::ZeroDuration() || connect == absl::InfiniteDuration()) {
+    return Fail(
+        absl::StrCat("--connect-timeout: ", absl::FormatDuration(connect),
+                     ", must be a finite time > 0"),
+        2);
+  }
+  return 0;
+}
+
+int TrainOptionsFromFlags(interlock::TrainOptions& options) {
+  const std::string schedule = absl::GetFlag(FLAGS_schedule);
+  if (schedule == "sequential") {
+    options.engine.schedule = interlock::Schedule::kSequential;
+  } else if (schedule == "threaded") {
+    options.engine.schedule = interlock::Schedule::kThreaded;
+  } else {
+    return Fail(absl::StrCat("--schedule: '", schedule,
+                             "', expected sequential or threaded"),
+                2);
+  }
+  options.output.out_dir = absl::GetFlag(FLAGS_out);
+  options.output.dump_params = absl::GetFlag(FLAGS_dump_params);
+  options.output.quiet = absl::GetFlag(FLAGS_quiet);
+  options.output.progress_bar = isatty(STDERR_FILENO) != 0;
+  const std::string engine = absl::GetFlag(FLAGS_engine);
+  if (engine == "cluster") {
+    options.engine.kind = interlock::EngineKind::kCluster;
+  } else if (engine != "inprocess") {
+    return Fail(
+        absl::StrCat("--engine: '", engine, "', expected inprocess or cluster"),
+        2);
+  }
+  const std::string workers = absl::GetFlag(FLAGS_workers);
+  if (!workers.empty()) {
+    if (options.engine.kind != interlock::EngineKind::kCluster) {
+      return Fail("--workers needs --engine cluster", 2);
+    }
+    options.engine.workers = absl::StrSplit(workers, ',', absl::SkipEmpty());
+  }
+  options.engine.security.token_file = absl::GetFlag(FLAGS_token_file);
+  options.engine.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.engine.security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.engine.security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  if (!options.engine.security.empty() &&
+      options.engine.kind != interlock::EngineKind::kCluster) {
+    return Fail("--token-file and --tls-* need --engine cluster", 2);
+  }
+  auto devices =
+      interlock::ParseDeviceList("--device", absl::GetFlag(FLAGS_device));
+  if (!devices.ok()) return Fail(std::string(devices.status().message()), 2);
+  options.engine.devices = *std::move(devices);
+  options.engine.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  options.output.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.engine.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  options.budget.wall = absl::GetFlag(FLAGS_budget);
+  if (absl::GetFlag(FLAGS_window) < 0) {
+    return Fail(absl::StrCat("--window: ", absl::GetFlag(FLAGS_window),
+                             ", must be >= 0 (0: 2 x blocks x micro-batches)"),
+                2);
+  }
+  options.window = absl::GetFlag(FLAGS_window);
+  options.budget.virtual_time = absl::GetFlag(FLAGS_budget_virtual);
+  if (options.budget.wall < absl::ZeroDuration() ||
+      options.budget.virtual_time < absl::ZeroDuration()) {
+    return Fail("--budget and --budget-virtual must not be negative", 2);
+  }
+  options.link.latency_seconds =
+      absl::ToDoubleSeconds(absl::GetFlag(FLAGS_link_latency));
+  options.link.bytes_per_second = absl::GetFlag(FLAGS_link_bandwidth);
+  // NaN fails every comparison: test for the good range, not the bad one.
+  if (!(std::isfinite(options.link.latency_seconds) &&
+        options.link.latency_seconds >= 0)) {
+    return Fail(
+        absl::StrCat("--link-latency: ",
+                     absl::FormatDuration(absl::GetFlag(FLAGS_link_latency)),
+                     ", must be a finite time >= 0"),
+        2);
+  }
+  if (!(std::isfinite(options.link.bytes_per_second) &&
+        options.link.bytes_per_second > 0)) {
+    return Fail(
+        absl::StrCat("--link-bandwidth: ", options.link.bytes_per_second,
+                     ", must be a finite number of bytes per "
+                     "second > 0"),
+        2);
+  }
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace interlock
