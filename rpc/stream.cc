@@ -7,50 +7,83 @@ std::shared_ptr<StreamClient> StreamClient::Open(
   std::shared_ptr<StreamClient> s(new StreamClient(std::move(handlers)));
   s->self_ = s;
   stub->async()->Stream(&s->ctx_, s.get());
+  // Writes start from outside the reactions (Send, CloseWrites). Without a
+  // hold the call may complete, and gRPC destroy its half of the stream,
+  // between a failed read and OnDone; a write started then calls into the
+  // destroyed stream ("pure virtual method called"). The hold is dropped
+  // once no write can start any more (ReleaseHoldLocked).
+  s->AddHold();
   s->StartRead(&s->incoming_);
   s->StartCall();
   return s;
 }
 
 void StreamClient::Send(interlock::v1::DownMessage msg) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (close_requested_ || done_) return;
-  queue_.push_back(std::move(msg));
-  MaybeWriteLocked();
+  bool release = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (close_requested_ || !holding_) return;
+    queue_.push_back(std::move(msg));
+    release = MaybeWriteLocked();
+  }
+  if (release) RemoveHold();
 }
 
 void StreamClient::CloseWrites() {
-  std::lock_guard<std::mutex> l(mu_);
-  if (close_requested_) return;
-  close_requested_ = true;
-  MaybeWriteLocked();
+  bool release = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (close_requested_) return;
+    close_requested_ = true;
+    release = MaybeWriteLocked();
+  }
+  if (release) RemoveHold();
 }
 
-void StreamClient::MaybeWriteLocked() {
-  if (writing_ || done_) return;
+bool StreamClient::MaybeWriteLocked() {
+  if (writing_ || !holding_) return false;
   if (!queue_.empty()) {
     writing_ = true;
     StartWrite(&queue_.front());
-  } else if (close_requested_ && !closed_) {
-    closed_ = true;
-    StartWritesDone();
+    return false;
   }
+  if (close_requested_) {
+    StartWritesDone();
+    return ReleaseHoldLocked();
+  }
+  return false;
+}
+
+bool StreamClient::ReleaseHoldLocked() {
+  if (!holding_) return false;
+  holding_ = false;
+  queue_.clear();
+  return true;
 }
 
 void StreamClient::OnWriteDone(bool ok) {
-  std::lock_guard<std::mutex> l(mu_);
-  writing_ = false;
-  if (!queue_.empty()) queue_.pop_front();
-  if (!ok) {
-    // The stream is broken; OnDone reports why.
-    queue_.clear();
-    return;
+  bool release = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    writing_ = false;
+    if (!queue_.empty()) queue_.pop_front();
+    // A failed write: the stream is broken and OnDone says why.
+    release = ok ? MaybeWriteLocked() : ReleaseHoldLocked();
   }
-  MaybeWriteLocked();
+  if (release) RemoveHold();
 }
 
 void StreamClient::OnReadDone(bool ok) {
-  if (!ok) return;  // end of stream; OnDone follows
+  if (!ok) {
+    // The peer ended the stream (or it broke): nothing more is written.
+    bool release = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      release = ReleaseHoldLocked();
+    }
+    if (release) RemoveHold();
+    return;
+  }
   if (handlers_.on_message) handlers_.on_message(std::move(incoming_));
   incoming_.Clear();
   StartRead(&incoming_);
@@ -60,7 +93,6 @@ void StreamClient::OnDone(const grpc::Status& s) {
   std::shared_ptr<StreamClient> keep;
   {
     std::lock_guard<std::mutex> l(mu_);
-    done_ = true;
     queue_.clear();
     keep = std::move(self_);
   }

@@ -43,7 +43,10 @@ class StreamClient : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
 
  private:
   explicit StreamClient(Handlers h) : handlers_(std::move(h)) {}
-  void MaybeWriteLocked();
+  // Start the next write or the half-close. Both return true when the hold
+  // is to be removed (by the caller, once mu_ is released).
+  bool MaybeWriteLocked();
+  bool ReleaseHoldLocked();
 
   Handlers handlers_;
   grpc::ClientContext ctx_;
@@ -52,8 +55,7 @@ class StreamClient : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
   std::deque<interlock::v1::DownMessage> queue_;
   bool writing_ = false;
   bool close_requested_ = false;
-  bool closed_ = false;
-  bool done_ = false;
+  bool holding_ = true;                 // writes may still start (see Open)
   std::shared_ptr<StreamClient> self_;  // keeps the reactor alive until OnDone
 };
 
