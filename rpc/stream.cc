@@ -1,5 +1,7 @@
 #include "rpc/stream.h"
 
+#include <iterator>
+
 namespace interlock {
 
 std::shared_ptr<StreamClient> StreamClient::Open(
@@ -57,7 +59,10 @@ bool StreamClient::MaybeWriteLocked() {
 bool StreamClient::ReleaseHoldLocked() {
   if (!holding_) return false;
   holding_ = false;
-  queue_.clear();
+  // What was not written is dropped; a message being written stays until
+  // its OnWriteDone (gRPC may still read it).
+  queue_.erase(writing_ ? std::next(queue_.begin()) : queue_.begin(),
+               queue_.end());
   return true;
 }
 
