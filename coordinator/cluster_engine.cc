@@ -182,16 +182,14 @@ class ClusterEngine : public Engine {
                        num_blocks(), " blocks"));
     }
     for (int k = 0; k < num_blocks(); ++k) {
-      BlockStateArchive state;
-      state.run_id = run_id_;
-      state.generation = generation_;
-      state.block = k;
-      state.step = step;
-      state.sha256 = Sha256Hex(states[k].data(), states[k].size());
-      // A copy: the caller keeps its states for the next recovery.
-      state.bytes = states[k];
-      RETURN_IF_ERROR(
-          peers_[k]->LoadState(state, absl::Now() + options_.rpc_deadline));
+      BlockStateArchive header;
+      header.run_id = run_id_;
+      header.generation = generation_;
+      header.block = k;
+      header.step = step;
+      header.sha256 = Sha256Hex(states[k].data(), states[k].size());
+      RETURN_IF_ERROR(peers_[k]->LoadState(
+          header, states[k], absl::Now() + options_.rpc_deadline));
     }
     return absl::OkStatus();
   }

@@ -9,12 +9,14 @@ namespace interlock {
 
 namespace v1 = interlock::v1;
 
-StateChunker::StateChunker(const BlockStateArchive* state, int64_t chunk_bytes)
-    : state_(state),
+StateChunker::StateChunker(const BlockStateArchive* header,
+                           const std::string* bytes, int64_t chunk_bytes)
+    : state_(header),
+      bytes_(bytes),
       chunk_bytes_(std::clamp<int64_t>(chunk_bytes, 1, kMaxStateChunkBytes)) {}
 
 bool StateChunker::Next(v1::StateChunk* chunk) {
-  const int64_t size = static_cast<int64_t>(state_->bytes.size());
+  const int64_t size = static_cast<int64_t>(bytes_->size());
   if (started_ && offset_ >= size) return false;
   chunk->Clear();
   if (!started_) {
@@ -27,7 +29,7 @@ bool StateChunker::Next(v1::StateChunk* chunk) {
     chunk->set_sha256(state_->sha256);
   }
   const int64_t n = std::min(chunk_bytes_, size - offset_);
-  chunk->set_data(state_->bytes.substr(offset_, n));
+  chunk->set_data(bytes_->substr(offset_, n));
   offset_ += n;
   return true;
 }

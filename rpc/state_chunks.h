@@ -23,13 +23,19 @@ class StateChunker {
  public:
   // `state` must outlive the chunker. `chunk_bytes` is clamped to
   // [1, kMaxStateChunkBytes].
-  StateChunker(const BlockStateArchive* state, int64_t chunk_bytes);
+  StateChunker(const BlockStateArchive* state, int64_t chunk_bytes)
+      : StateChunker(state, &state->bytes, chunk_bytes) {}
+  // The header from `header` (its own bytes are not read), the data from
+  // `bytes`: a caller that keeps the archive elsewhere sends it uncopied.
+  StateChunker(const BlockStateArchive* header, const std::string* bytes,
+               int64_t chunk_bytes);
   // Fills the next chunk; false once every byte was given. An empty
   // archive still gives its header once.
   bool Next(interlock::v1::StateChunk* chunk);
 
  private:
   const BlockStateArchive* state_;
+  const std::string* bytes_;
   int64_t chunk_bytes_;
   int64_t offset_ = 0;
   bool started_ = false;

@@ -86,13 +86,14 @@ absl::StatusOr<BlockStateArchive> WorkerClient::SaveState(
   return archive;
 }
 
-absl::Status WorkerClient::LoadState(const BlockStateArchive& state,
+absl::Status WorkerClient::LoadState(const BlockStateArchive& header,
+                                     const std::string& bytes,
                                      absl::Time deadline) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   v1::LoadStateResponse response;
   auto writer = stub_->LoadState(&ctx, &response);
-  StateChunker chunks(&state, kDefaultStateChunkBytes);
+  StateChunker chunks(&header, &bytes, kDefaultStateChunkBytes);
   v1::StateChunk chunk;
   // A refused write means the call ended; Finish says why.
   while (chunks.Next(&chunk) && writer->Write(chunk)) {

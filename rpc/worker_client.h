@@ -46,7 +46,12 @@ class WorkerClient {
   absl::StatusOr<BlockStateArchive> SaveState(
       const interlock::v1::SaveStateRequest& request, int block,
       absl::Time deadline, int64_t max_bytes);
-  absl::Status LoadState(const BlockStateArchive& state, absl::Time deadline);
+  absl::Status LoadState(const BlockStateArchive& state, absl::Time deadline) {
+    return LoadState(state, state.bytes, deadline);
+  }
+  // The same with the archive's bytes kept apart (`header.bytes` unused).
+  absl::Status LoadState(const BlockStateArchive& header,
+                         const std::string& bytes, absl::Time deadline);
 
   // Opens the worker's Stream. The stream keeps the channel and stub alive
   // until `on_done` ran, however long this client lives.
