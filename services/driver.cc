@@ -14,11 +14,53 @@ absl::Status AtStep(int64_t step, const absl::Status& s) {
 }  // namespace
 
 BlockDriver::BlockDriver(std::unique_ptr<BlockTrainer> trainer,
-                         Callbacks callbacks, int64_t first_step)
+                         Callbacks callbacks, int64_t first_step, int replica)
     : trainer_(std::move(trainer)),
       cb_(std::move(callbacks)),
       m_(trainer_->options().microbatches),
-      step_(first_step) {}
+      step_(first_step),
+      replica_(replica) {}
+
+std::vector<int> BlockDriver::OwnMicrobatches(
+    const std::vector<int32_t>& routes) const {
+  std::vector<int> own;
+  const int k = trainer_->options().block;
+  const int blocks = trainer_->options().num_blocks;
+  for (int mb = 0; mb < m_; ++mb) {
+    if (routes.empty() || routes[mb * blocks + k] == replica_) {
+      own.push_back(mb);
+    }
+  }
+  return own;
+}
+
+int BlockDriver::OwnIndex(int mb) const {
+  for (size_t i = 0; i < own_.size(); ++i) {
+    if (own_[i] == mb) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool BlockDriver::KnowOwn() {
+  if (own_known_) return true;
+  auto it = forward_queue_.lower_bound({step_, 0});
+  if (it == forward_queue_.end() || it->first.first != step_) return false;
+  routes_ = it->second.routes;
+  own_ = OwnMicrobatches(routes_);
+  own_known_ = true;
+  return true;
+}
+
+bool BlockDriver::RunsNext(int64_t step, int mb,
+                           const std::vector<int32_t>& routes) const {
+  if (step != step_) return false;
+  if (own_known_) {
+    return forwarded_ < static_cast<int>(own_.size()) &&
+           own_[forwarded_] == mb;
+  }
+  const std::vector<int> own = OwnMicrobatches(routes);
+  return !own.empty() && own[0] == mb;
+}
 
 absl::Status BlockDriver::OnForward(ForwardMsg msg) {
   const int k = trainer_->options().block;
@@ -26,9 +68,37 @@ absl::Status BlockDriver::OnForward(ForwardMsg msg) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block ", k, ": micro-batch index ", msg.mb, " outside [0, ", m_, ")"));
   }
+  const int blocks = trainer_->options().num_blocks;
+  if (!msg.routes.empty() &&
+      (static_cast<int64_t>(msg.routes.size()) != int64_t{m_} * blocks ||
+       msg.routes[msg.mb * blocks + k] != replica_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block ", k, " replica ", replica_, ": step ", msg.step,
+        " micro-batch ", msg.mb, " is not routed here (", msg.routes.size(),
+        " route entries for ", m_, " micro-batches of ", blocks, " blocks)"));
+  }
+  if (msg.routes.empty() && replica_ != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", k, " replica ", replica_, ": step ", msg.step,
+                     " micro-batch ", msg.mb, " carries no routes"));
+  }
+  // Every message of a step carries the step's routes: they must agree.
+  const std::vector<int32_t>* step_routes = nullptr;
+  if (msg.step == step_ && own_known_) {
+    step_routes = &routes_;
+  } else {
+    auto it = forward_queue_.lower_bound({msg.step, 0});
+    if (it != forward_queue_.end() && it->first.first == msg.step) {
+      step_routes = &it->second.routes;
+    }
+  }
+  if (step_routes && *step_routes != msg.routes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", k, ": step ", msg.step, " micro-batch ", msg.mb,
+                     " carries routes that differ from the step's others"));
+  }
   const auto key = std::make_pair(msg.step, msg.mb);
-  if (msg.step < step_ || (msg.step == step_ && msg.mb < forwarded_) ||
-      forward_queue_.count(key)) {
+  if (Seen(msg.step, msg.mb)) {
     return absl::FailedPreconditionError(
         absl::StrCat("block ", k, ": step ", msg.step, " micro-batch ", msg.mb,
                      " is stale or repeated (block is at step ", step_, ")"));
@@ -38,8 +108,10 @@ absl::Status BlockDriver::OnForward(ForwardMsg msg) {
 }
 
 bool BlockDriver::Seen(int64_t step, int mb) const {
-  return step < step_ || (step == step_ && mb < forwarded_) ||
-         forward_queue_.count({step, mb}) > 0;
+  if (step < step_ || forward_queue_.count({step, mb}) > 0) return true;
+  if (step != step_ || !own_known_) return false;
+  const int i = OwnIndex(mb);
+  return i >= 0 && i < forwarded_;
 }
 
 bool BlockDriver::Idle() const {
@@ -132,10 +204,11 @@ absl::Status BlockDriver::OnUpward(UpwardMsg msg) {
 absl::Status BlockDriver::Drain() {
   const int d = trainer_->DownstreamListSize();
   bool progress = true;
-  while (progress) {
+  while (progress && KnowOwn()) {
     progress = false;
-    if (forwarded_ < m_) {
-      auto it = forward_queue_.find({step_, forwarded_});
+    const int own = static_cast<int>(own_.size());
+    if (forwarded_ < own) {
+      auto it = forward_queue_.find({step_, own_[forwarded_]});
       if (it != forward_queue_.end()) {
         ForwardMsg msg = std::move(it->second);
         forward_queue_.erase(it);
@@ -147,19 +220,20 @@ absl::Status BlockDriver::Drain() {
     // gradients arrive in, so accumulated gradients are bitwise
     // reproducible.
     if (d > 0 && backwarded_ < forwarded_) {
-      auto it = states_.find({step_, backwarded_});
+      auto it = states_.find({step_, own_[backwarded_]});
       if (it != states_.end() && it->second.down_count == d) {
-        RETURN_IF_ERROR(RunBackward(backwarded_));
+        RETURN_IF_ERROR(RunBackward(own_[backwarded_]));
         progress = true;
       }
     }
-    if (backwarded_ == m_) {
+    if (backwarded_ == own) {
       auto stepped = trainer_->Step(lr_);
       if (!stepped.ok()) return AtStep(step_, stepped.status());
       const OpTiming t = *stepped;
       const int64_t done = step_;
       ++step_;
       forwarded_ = backwarded_ = 0;
+      own_known_ = false;
       if (cb_.step_done) {
         cb_.step_done({trainer_->options().block, done, t,
                        trainer_->last_step_skipped(),
@@ -193,6 +267,7 @@ absl::Status BlockDriver::RunForward(ForwardMsg msg) {
     down.input = std::move(r.output);
     down.target = std::move(msg.target);
     down.nonfinite = r.output_nonfinite;
+    down.routes = std::move(msg.routes);
     cb_.send_down(std::move(down));
   }
   // The block's own gradient is entry 0: upstream may have it at once.

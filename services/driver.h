@@ -26,8 +26,11 @@ class BlockDriver {
     std::function<void(StepDone)> step_done;
   };
   // `first_step` is the step the block expects next (non-zero on resume).
+  // `replica`: which replica of its block this is (DESIGN §2.4); it runs
+  // the micro-batches each step's routes give it (all of them when a
+  // message has no routes).
   BlockDriver(std::unique_ptr<BlockTrainer> trainer, Callbacks callbacks,
-              int64_t first_step = 0);
+              int64_t first_step = 0, int replica = 0);
 
   // Both return an error for a message that cannot belong to this run's
   // schedule (stale step, repeated micro-batch, wrong gradient count); the
@@ -52,10 +55,13 @@ class BlockDriver {
   int64_t current_step() const { return step_; }
   // Forwards received ahead of their turn, waiting to run.
   size_t queued() const { return forward_queue_.size(); }
-  // Whether a forward of (step, mb) would run at once rather than wait.
-  bool RunsNext(int64_t step, int mb) const {
-    return step == step_ && mb == forwarded_ && forwarded_ < m_;
-  }
+  // Whether a forward of (step, mb) with these routes would run at once
+  // rather than wait.
+  bool RunsNext(int64_t step, int mb,
+                const std::vector<int32_t>& routes = {}) const;
+  // The micro-batches of a step that `routes` give this replica, in order
+  // (0..M-1 when `routes` is empty).
+  std::vector<int> OwnMicrobatches(const std::vector<int32_t>& routes) const;
 
  private:
   struct MbState {
@@ -69,6 +75,11 @@ class BlockDriver {
   };
 
   absl::Status Drain();
+  // Learns this step's own micro-batches from a queued forward of it;
+  // false while none has come.
+  bool KnowOwn();
+  // Position of `mb` among this step's own micro-batches (-1: not ours).
+  int OwnIndex(int mb) const;
   absl::Status RunForward(ForwardMsg msg);
   absl::Status RunBackward(int mb);
   // Runs the input-gradient pass of early upstream entry i and sends it.
@@ -84,8 +95,13 @@ class BlockDriver {
   const int m_;
   int64_t step_;
   double lr_ = 0.0;
-  int forwarded_ = 0;   // micro-batches of step_ forwarded
-  int backwarded_ = 0;  // micro-batches of step_ backwarded
+  // This step's micro-batches on this replica, and its routes.
+  bool own_known_ = false;
+  std::vector<int> own_;
+  std::vector<int32_t> routes_;
+  const int replica_;
+  int forwarded_ = 0;   // own micro-batches of step_ forwarded
+  int backwarded_ = 0;  // own micro-batches of step_ backwarded
   std::map<std::pair<int64_t, int>, ForwardMsg> forward_queue_;
   std::map<std::pair<int64_t, int>, MbState> states_;
 };

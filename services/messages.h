@@ -23,6 +23,10 @@ struct ForwardMsg {
   torch::Tensor target;
   // The input is zeros standing for non-finite values (SKIP_STEP).
   bool nonfinite = false;
+  // The step's routing when blocks have replicas (DESIGN §2.4):
+  // routes[m * K + k] is the replica of block k that runs micro-batch m.
+  // Empty: every block has one replica.
+  std::vector<int32_t> routes;
 };
 
 // Gradients, reports and timings travelling up the chain. Gradient entries

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
+#include "services/collective.h"
 #include "services/data.h"
 #include "services/gradient_lists.h"
 #include "services/models.h"
@@ -166,6 +167,12 @@ class BlockTrainer {
   // Applies the accumulated gradients with this learning rate, zeroes them;
   // under SKIP_STEP a step that met non-finite values only drops them.
   absl::StatusOr<OpTiming> Step(double lr);
+  // TEMPORARY stand-in until the replicas-core branch is merged.
+  void SetReplicas(std::shared_ptr<Collective> group,
+                   interlock::v1::TrainingSpec::Reduction mode) {
+    group_ = std::move(group);
+    (void)mode;
+  }
   // Whether the last Step skipped the update.
   bool last_step_skipped() const { return last_step_skipped_; }
   // Non-finite losses and gradients met so far (the policy's counter).
@@ -240,6 +247,7 @@ class BlockTrainer {
   int64_t nonfinite_count_ = 0;
   int accumulated_ = 0;
   int last_applied_ = 0;
+  std::shared_ptr<Collective> group_;
 };
 
 // Whether every value of a floating-point tensor is finite.

@@ -70,6 +70,7 @@ void WireCodec::EncodeForward(const ForwardMsg& m, int microbatches,
   out->set_microbatches(microbatches);
   out->set_learning_rate(m.lr);
   out->set_nonfinite(m.nonfinite);
+  out->mutable_routes()->Add(m.routes.begin(), m.routes.end());
   EncodeBatch(m.input, m.target, out->mutable_input(), out->mutable_target());
 }
 
@@ -81,6 +82,7 @@ absl::StatusOr<ForwardMsg> WireCodec::DecodeForward(
   m.mb = d.microbatch();
   m.lr = d.learning_rate();
   m.nonfinite = d.nonfinite();
+  m.routes.assign(d.routes().begin(), d.routes().end());
   RETURN_IF_ERROR(
       DecodeBatch(d.input(), d.target(), where, limits, &m.input, &m.target));
   return m;

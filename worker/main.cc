@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(std::string, device, "cpu",
           "where the block runs: cpu, cuda (= cuda:0) or cuda:N; CUDA needs "
           "a LibTorch built with it and that GPU visible");
+ABSL_FLAG(std::string, collective_host, "",
+          "address of this machine the reduction with the other replicas of "
+          "its block listens on, e.g. the pod IP (empty: the host name)");
 ABSL_FLAG(std::string, health_check, "",
           "ask the gRPC health service at this address (host:port) and exit: "
           "0 SERVING, 1 NOT_SERVING, 2 unreachable or error");
@@ -200,7 +203,7 @@ int main(int argc, char** argv) {
       "[--metrics_host H] [--metrics_token_file F] [--port_file F] "
       "[--max_message_bytes B] [--max_concurrent_streams N] "
       "[--token-file F] [--tls-cert F --tls-key F] [--tls-ca F] "
-      "[--device cpu|cuda[:N]]\n"
+      "[--device cpu|cuda[:N]] [--collective_host H]\n"
       "interlock-worker --health_check HOST:PORT [--health_service S] "
       "[--tls-cert F --tls-key F] [--tls-ca F]");
   std::vector<std::string> storage(argv, argv + argc);
@@ -239,13 +242,18 @@ int main(int argc, char** argv) {
   options.port = absl::GetFlag(FLAGS_port);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  options.collective_host = absl::GetFlag(FLAGS_collective_host);
   for (const absl::Status& st :
        {CheckPort("port", options.port, 0),
         CheckPort("metrics_port", options.metrics_port, -1),
         CheckHost("host", options.host),
         options.metrics_host.empty()
             ? absl::OkStatus()
-            : CheckHost("metrics_host", options.metrics_host)}) {
+            : CheckHost("metrics_host", options.metrics_host),
+        absl::GetFlag(FLAGS_collective_host).empty()
+            ? absl::OkStatus()
+            : CheckHost("collective_host",
+                        absl::GetFlag(FLAGS_collective_host))}) {
     if (!st.ok()) {
       std::cerr << "interlock-worker: error: " << st.message() << "\n";
       return 2;

@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   WorkerOptions core_options;
   core_options.max_message_bytes = options.max_message_bytes;
   core_options.device = options.device;
+  core_options.collective_host = options.collective_host;
   s->core_ = std::make_unique<WorkerCore>(core_options, &s->metrics_,
                                           GrpcLinkFactory(options.security));
   WorkerServiceOptions service_options;

@@ -33,6 +33,8 @@ struct WorkerServerOptions {
   TransportSecurity security;
   // Where configured blocks run (services/device.h).
   c10::Device device = c10::Device(c10::kCPU);
+  // WorkerOptions::collective_host.
+  std::string collective_host;
 };
 
 class WorkerServer {

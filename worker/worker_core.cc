@@ -10,6 +10,7 @@
 #include "services/runtime.h"
 #include "services/status_macros.h"
 #include "services/wire_codec.h"
+#include "worker/replica_group.h"
 #include "worker/worker_run.h"
 
 namespace interlock {
@@ -59,7 +60,7 @@ WorkerCore::~WorkerCore() { Shutdown(); }
 
 void WorkerCore::Shutdown() {
   host_.Stop(BlockHost::StopMode::kAbandon);
-  if (run_ && run_->link) run_->link->Close();
+  if (run_) run_->CloseLinks();
   run_.reset();
   host_.set_driver(nullptr);
 }
@@ -74,7 +75,8 @@ void WorkerCore::Configure(
 absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     const v1::ConfigureRequest& req) {
   if (run_ && run_->run_id == req.run_id() &&
-      run_->generation == req.generation() && run_->block == req.block()) {
+      run_->generation == req.generation() && run_->block == req.block() &&
+      run_->replica == req.replica()) {
     return run_->response;  // a retried Configure of the same run
   }
   if (req.run_id().empty()) {
@@ -93,9 +95,48 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     return absl::InvalidArgumentError(absl::StrCat(
         "configure: block ", req.block(), " outside [0, ", k_blocks, ")"));
   }
-  if (req.block() + 1 < k_blocks && req.next_address().empty()) {
+  const int replicas = req.replicas() > 0 ? req.replicas() : 1;
+  if (req.replica() < 0 || req.replica() >= replicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("configure: replica ", req.replica(), " outside [0, ",
+                     replicas, ")"));
+  }
+  // Every replica runs at least one micro-batch of each step: it must
+  // reach the step's reduction, or its peers would wait for it.
+  const int microbatches = config.training().microbatches();
+  if (replicas > microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "configure: block ", req.block(), " has ", replicas,
+        " replicas but a step has only ", microbatches,
+        " micro-batches: at most one replica per micro-batch"));
+  }
+  if (replicas > 1 && req.collective_address().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "configure: ", replicas, " replicas need collective_address"));
+  }
+  std::vector<std::string> next(req.next_addresses().begin(),
+                                req.next_addresses().end());
+  if (next.empty() && !req.next_address().empty()) {
+    next.push_back(req.next_address());
+  }
+  if (!req.next_address().empty() && req.next_address() != next[0]) {
+    return absl::InvalidArgumentError(
+        "configure: next_address is not the first of next_addresses");
+  }
+  if (req.block() + 1 < k_blocks && next.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("configure: block ", req.block(), " needs next_address"));
+  }
+  if (static_cast<int>(next.size()) > microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "configure: ", next.size(), " replicas of block ", req.block() + 1,
+        " but a step has only ", microbatches, " micro-batches"));
+  }
+  for (const auto& a : next) {
+    if (a.empty()) {
+      return absl::InvalidArgumentError(
+          "configure: an empty address in next_addresses");
+    }
   }
   if (req.window() < 0 || req.window() > kMaxWindow) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -112,17 +153,17 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
 
   // A new run replaces the old one: its streams end.
   if (run_) {
-    if (run_->link) run_->link->Close();
-    std::shared_ptr<UpstreamSink> old;
+    run_->CloseLinks();
+    std::map<int, std::shared_ptr<UpstreamSink>> old;
     std::shared_ptr<ControlSink> old_control;
     {
       std::lock_guard<std::mutex> l(sink_mu_);
-      old = sink_;
+      old = sinks_;
       old_control = std::move(control_);
     }
     const absl::Status ended = absl::AbortedError(absl::StrCat(
         "block ", run_->block, " reconfigured for run ", req.run_id()));
-    if (old) old->Finish(ended);
+    for (auto& [from, sink] : old) sink->Finish(ended);
     if (old_control) old_control->Finish(ended);
     run_.reset();
     host_.set_driver(nullptr);
@@ -155,7 +196,9 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   run->eval_batch = std::max<int64_t>(config.training().eval_batch_size(),
                                       config.training().batch_size());
   run->classes = shape.classes;
-  run->next_address = req.next_address();
+  run->replica = req.replica();
+  run->replicas = replicas;
+  run->next_addresses = std::move(next);
   run->max_message_bytes = req.max_message_bytes();
   run->sample_shape =
       req.block() == 0 ? SampleShape(shape) : outputs[req.block() - 1];
@@ -191,10 +234,14 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   Run* r = run.get();
   BlockDriver::Callbacks cb;
   cb.send_down = [this, r](ForwardMsg m) {
+    const int to =
+        m.routes.empty() ? 0 : m.routes[m.mb * r->num_blocks + r->block + 1];
     v1::DownMessage msg;
     SetHeader(r->run_id, r->generation, r->block + 1, &msg);
+    msg.mutable_header()->mutable_route()->set_replica(to);
+    msg.mutable_header()->set_from_replica(r->replica);
     r->codec.EncodeForward(m, r->microbatches, msg.mutable_forward());
-    SendDown(std::move(msg));
+    SendDown(to, std::move(msg));
   };
   cb.send_up = [this, r](UpwardMsg m) {
     if (m.final) r->metrics->microbatches->Increment();
@@ -223,7 +270,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     }
     v1::UpMessage msg;
     r->codec.EncodeUpward(m, msg.mutable_upward());
-    SendUp(std::move(msg));
+    SendUp(m.step, m.mb, m.final, std::move(msg));
   };
   cb.step_done = [this, r](StepDone d) {
     r->metrics->step->Set(static_cast<double>(d.step + 1));
@@ -232,7 +279,19 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     r->codec.EncodeStepDone(d, msg.mutable_step_done());
     SendControl(std::move(msg));
   };
-  host_.set_driver(std::make_unique<BlockDriver>(std::move(trainer), cb));
+  if (replicas > 1) {
+    // One group per run, generation and block.
+    ASSIGN_OR_RETURN(
+        auto group,
+        ReplicaGroup(req.collective_address(),
+                     absl::StrCat(req.run_id(), "/", req.generation(), "/",
+                                  req.block()),
+                     req.replica(), replicas, options_.collective_host));
+    trainer->SetReplicas(std::move(group), config.training().reduction());
+  }
+  host_.set_driver(std::make_unique<BlockDriver>(std::move(trainer), cb,
+                                                 /*first_step=*/0,
+                                                 req.replica()));
   run->driver = host_.driver();
   run->metrics->configured->Set(1);
   run->metrics->step->Set(0);

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -61,6 +62,9 @@ struct WorkerOptions {
   std::chrono::milliseconds stream_proof_timeout{30000};
   // Where the configured block runs (--device; checked usable at startup).
   c10::Device device = c10::Device(c10::kCPU);
+  // The address this worker's reduction traffic with the other replicas of
+  // its block uses (--collective_host; empty: the machine's host name).
+  std::string collective_host;
 };
 
 class WorkerCore {
@@ -102,15 +106,17 @@ class WorkerCore {
 
   // The first message of a new incoming stream. If its header names the
   // configured run and generation, the stream takes over from the live one
-  // (Attach), the message is handled as by OnDown and `accepted` runs.
+  // of the same sender (Attach: the replica of block k-1 it names, or the
+  // coordinator), the message is handled as by OnDown and `accepted` runs.
   // Otherwise the stream ends with a refusal that tells nothing of the
   // configured run, and the live stream is untouched. Runs on the executor.
   void OnFirstDown(std::shared_ptr<UpstreamSink> from,
                    interlock::v1::DownMessage msg,
                    std::function<void()> accepted);
-  // Makes `sink` the incoming stream, ending the previous one. Only for a
+  // Makes `sink` the incoming stream from replica `from` of block k-1 (the
+  // coordinator: 0), ending the previous one of that sender. Only for a
   // stream that proved it belongs to the run (OnFirstDown), or a harness.
-  void Attach(std::shared_ptr<UpstreamSink> sink);
+  void Attach(std::shared_ptr<UpstreamSink> sink, int from = 0);
   void Detach(const UpstreamSink* sink);
   // A message read from the incoming stream `from`; an error in it ends
   // that stream with the error.
@@ -140,22 +146,28 @@ class WorkerCore {
   absl::StatusOr<interlock::v1::ConfigureResponse> DoConfigure(
       const interlock::v1::ConfigureRequest& request);
   absl::Status HandleDown(interlock::v1::DownMessage msg);
+  // Checks a forward's routes against the topology this worker knows.
+  absl::Status CheckRoutes(const interlock::v1::ForwardData& f,
+                           const std::string& where) const;
   // Handles a message of stream `from`, ending it on error.
   void ProcessDown(const std::shared_ptr<UpstreamSink>& from,
                    interlock::v1::DownMessage msg);
-  absl::Status HandleForward(const interlock::v1::ForwardData& f);
+  absl::Status HandleForward(const interlock::v1::ForwardData& f, int from);
   absl::Status HandleEval(const interlock::v1::EvalData& e);
   void HandleUp(uint64_t link_id, interlock::v1::UpMessage msg);
   void HandleLinkDone(uint64_t link_id, absl::Status status);
-  void SendUp(interlock::v1::UpMessage msg);
+  // To the sender of micro-batch (step, mb): its gradients and reports go
+  // back the way its forward came.
+  void SendUp(int64_t step, int mb, bool final, interlock::v1::UpMessage msg);
   // To the coordinator, on the control stream (dropped when none is open:
   // the coordinator opens one before it sends anything).
   void SendControl(interlock::v1::ControlEvent event);
-  void SendDown(interlock::v1::DownMessage msg);
+  // To replica `replica` of the next block.
+  void SendDown(int replica, interlock::v1::DownMessage msg);
   // Reports a failure to the coordinator and ends the incoming stream with
   // it, marked as reported (services/failure.h).
   void FailRun(int block, const std::string& address, const absl::Status& s);
-  // Ends the incoming stream with `s`; the run stops here.
+  // Ends every incoming stream with `s`; the run stops here.
   void EndUpstream(const absl::Status& s);
   // The configured run, if `run_id` and `generation` name it.
   absl::Status CheckRun(const std::string& what, const std::string& run_id,
@@ -171,7 +183,8 @@ class WorkerCore {
   uint64_t next_link_id_ = 1;
 
   std::mutex sink_mu_;
-  std::shared_ptr<UpstreamSink> sink_;    // guarded by sink_mu_
+  // Incoming streams by sending replica; guarded by sink_mu_.
+  std::map<int, std::shared_ptr<UpstreamSink>> sinks_;
   std::shared_ptr<ControlSink> control_;  // guarded by sink_mu_
 
   // Every touch of the block and of run_ happens on its executor. Last:

@@ -11,19 +11,24 @@
 
 namespace interlock {
 
-void WorkerCore::Attach(std::shared_ptr<UpstreamSink> sink) {
+void WorkerCore::Attach(std::shared_ptr<UpstreamSink> sink, int from) {
   std::shared_ptr<UpstreamSink> old;
   {
     std::lock_guard<std::mutex> l(sink_mu_);
-    old = std::move(sink_);
-    sink_ = std::move(sink);
+    old = std::move(sinks_[from]);
+    sinks_[from] = std::move(sink);
   }
   if (old) old->Finish(absl::AbortedError("replaced by a newer stream"));
 }
 
 void WorkerCore::Detach(const UpstreamSink* sink) {
   std::lock_guard<std::mutex> l(sink_mu_);
-  if (sink_.get() == sink) sink_.reset();
+  for (auto it = sinks_.begin(); it != sinks_.end(); ++it) {
+    if (it->second.get() == sink) {
+      sinks_.erase(it);
+      return;
+    }
+  }
 }
 
 void WorkerCore::OpenControl(const v1::ControlRequest& request,
@@ -74,9 +79,20 @@ void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from,
                        ", not the run this worker is configured for")));
       return;
     }
+    // Streams come from the replicas of block k-1 (the coordinator for
+    // block 0: 0), each one at most.
+    const int senders = run_->block == 0 ? 1 : run_->microbatches;
+    if (h.from_replica() < 0 || h.from_replica() >= senders) {
+      run_->metrics->rejected->Increment();
+      from->Finish(absl::InvalidArgumentError(absl::StrCat(
+          "stream: from_replica ", h.from_replica(), " outside [0, ", senders,
+          ")")));
+      return;
+    }
     // The same run and generation: a reconnect (the coordinator after a
-    // broken stream, block k-1 re-opening its link) takes over.
-    Attach(from);
+    // broken stream, block k-1 re-opening its link) takes over from the
+    // stream of the same sender.
+    Attach(from, h.from_replica());
     accepted();
     ProcessDown(from, std::move(msg));
   });
@@ -121,7 +137,8 @@ absl::Status WorkerCore::HandleDown(v1::DownMessage msg) {
                      Quoted(h.run_id()), " generation ", h.generation(),
                      ", not the run this worker is configured for"));
   }
-  if (h.route().block() != run_->block || h.route().replica() != 0) {
+  if (h.route().block() != run_->block ||
+      h.route().replica() != run_->replica) {
     return absl::InvalidArgumentError(
         absl::StrCat("block ", run_->block, ": message routed to block ",
                      h.route().block(), " replica ", h.route().replica()));
@@ -132,7 +149,7 @@ absl::Status WorkerCore::HandleDown(v1::DownMessage msg) {
   }
   switch (msg.kind_case()) {
     case v1::DownMessage::kForward:
-      return HandleForward(msg.forward());
+      return HandleForward(msg.forward(), h.from_replica());
     case v1::DownMessage::kEval:
       return HandleEval(msg.eval());
     default:
@@ -141,7 +158,51 @@ absl::Status WorkerCore::HandleDown(v1::DownMessage msg) {
   }
 }
 
-absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
+absl::Status WorkerCore::CheckRoutes(const v1::ForwardData& f,
+                                     const std::string& where) const {
+  const Run& r = *run_;
+  const int next = static_cast<int>(r.next_addresses.size());
+  if (f.routes().empty()) {
+    if (r.replicas > 1 || next > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no routes, but blocks have replicas"));
+    }
+    return absl::OkStatus();
+  }
+  const int64_t k_blocks = r.num_blocks;
+  if (f.routes_size() != int64_t{r.microbatches} * k_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", f.routes_size(), " route entries for ",
+                     r.microbatches, " micro-batches of ", k_blocks, " blocks"));
+  }
+  std::vector<bool> used(r.replicas, false);
+  for (int mb = 0; mb < r.microbatches; ++mb) {
+    const int own = f.routes(mb * k_blocks + r.block);
+    const int down = r.block + 1 < k_blocks
+                         ? f.routes(mb * k_blocks + r.block + 1)
+                         : 0;
+    if (own < 0 || own >= r.replicas || down < 0 ||
+        (r.block + 1 < k_blocks && down >= next)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": micro-batch ", mb, " routed to replica ", own, " of ",
+          r.replicas, " and replica ", down, " of ", std::max(next, 1),
+          " of the next block"));
+    }
+    used[own] = true;
+  }
+  // A replica without a micro-batch would never reach the step's
+  // reduction, and its peers would wait for it there.
+  for (int i = 0; i < r.replicas; ++i) {
+    if (!used[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the routes give replica ", i, " of block ", r.block,
+          " no micro-batch of the step"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerCore::HandleForward(const v1::ForwardData& f, int from) {
   Run& r = *run_;
   const std::string where = absl::StrCat("block ", r.block, " step ", f.step(),
                                          " micro-batch ", f.microbatch());
@@ -160,6 +221,7 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
   // Before anything changes: a rate LibTorch cannot apply would otherwise
   // fail the block's optimizer step, and every step after it.
   RETURN_IF_ERROR(CheckLearningRate(f.learning_rate(), where));
+  RETURN_IF_ERROR(CheckRoutes(f, where));
   if (r.driver->Seen(f.step(), f.microbatch())) {
     // A repeat (a coordinator resending after a broken stream): applying
     // it again would count its gradient twice. Acknowledge it instead.
@@ -180,7 +242,8 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
                      r.window, " micro-batches in flight)"));
   }
   // The forward the block runs next is always taken: it drains the queue.
-  if (!r.driver->RunsNext(f.step(), f.microbatch()) &&
+  const std::vector<int32_t> routes(f.routes().begin(), f.routes().end());
+  if (!r.driver->RunsNext(f.step(), f.microbatch(), routes) &&
       static_cast<int64_t>(r.driver->queued()) >= r.max_queued) {
     return absl::ResourceExhaustedError(absl::StrCat(
         where, ": ", r.driver->queued(),
@@ -201,7 +264,9 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": target values outside [0, ", r.classes, ")"));
   }
+  r.senders[{f.step(), f.microbatch()}] = from;
   absl::Status s = r.driver->OnForward(std::move(m));
+  if (!s.ok() && run_.get() == &r) r.senders.erase({f.step(), f.microbatch()});
   r.SyncNonFinite();
   return s;
 }
@@ -239,13 +304,17 @@ absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
     m.input = std::move(res.output);
     m.nonfinite = res.output_nonfinite;
     r.codec.EncodeEval(m, down.mutable_eval());
-    SendDown(std::move(down));
+    // Replicas hold the same parameters between steps: the first evaluates.
+    down.mutable_header()->set_from_replica(r.replica);
+    SendDown(0, std::move(down));
   }
   return absl::OkStatus();
 }
 
 void WorkerCore::HandleUp(uint64_t link_id, v1::UpMessage msg) {
-  if (!run_ || run_->link_id != link_id) return;  // an old run's link
+  if (!run_) return;
+  const int from = run_->LinkReplica(link_id);
+  if (from < 0) return;  // an old run's link
   Run& r = *run_;
   r.metrics->received_up_bytes->Increment(msg.ByteSizeLong());
   bool own_failure = false;
@@ -276,12 +345,14 @@ void WorkerCore::HandleUp(uint64_t link_id, v1::UpMessage msg) {
     FailRun(r.block, "", s);
   } else if (!s.ok()) {
     r.metrics->rejected->Increment();
-    FailRun(r.block + 1, r.next_address, s);
+    FailRun(r.block + 1, r.next_addresses[from], s);
   }
 }
 
 void WorkerCore::HandleLinkDone(uint64_t link_id, absl::Status status) {
-  if (!run_ || run_->link_id != link_id || run_->failed) return;
+  if (!run_ || run_->failed) return;
+  const int to = run_->LinkReplica(link_id);
+  if (to < 0) return;
   if (ReportedFailure(status)) {
     // A block below reported it to the coordinator itself: stop, and pass
     // the mark on so that no block above blames its own neighbour.
@@ -292,7 +363,7 @@ void WorkerCore::HandleLinkDone(uint64_t link_id, absl::Status status) {
   if (status.ok()) {
     status = absl::UnavailableError("stream to the next block ended");
   }
-  FailRun(run_->block + 1, run_->next_address, status);
+  FailRun(run_->block + 1, run_->next_addresses[to], status);
 }
 
 void WorkerCore::FailRun(int block, const std::string& address,
@@ -310,19 +381,28 @@ void WorkerCore::FailRun(int block, const std::string& address,
 }
 
 void WorkerCore::EndUpstream(const absl::Status& s) {
-  std::shared_ptr<UpstreamSink> sink;
+  std::map<int, std::shared_ptr<UpstreamSink>> sinks;
   {
     std::lock_guard<std::mutex> l(sink_mu_);
-    sink = sink_;
+    sinks = sinks_;
   }
-  if (sink) sink->Finish(s);
+  for (auto& [from, sink] : sinks) sink->Finish(s);
 }
 
-void WorkerCore::SendUp(v1::UpMessage msg) {
+void WorkerCore::SendUp(int64_t step, int mb, bool final, v1::UpMessage msg) {
+  int from = 0;
+  if (run_) {
+    auto it = run_->senders.find({step, mb});
+    if (it != run_->senders.end()) {
+      from = it->second;
+      if (final) run_->senders.erase(it);
+    }
+  }
   std::shared_ptr<UpstreamSink> sink;
   {
     std::lock_guard<std::mutex> l(sink_mu_);
-    sink = sink_;
+    auto it = sinks_.find(from);
+    if (it != sinks_.end()) sink = it->second;
   }
   if (!sink) return;  // nobody upstream: the coordinator will notice
   if (run_) run_->metrics->sent_up_bytes->Increment(msg.ByteSizeLong());
@@ -340,13 +420,14 @@ void WorkerCore::SendControl(v1::ControlEvent event) {
   sink->Send(std::move(event));
 }
 
-void WorkerCore::SendDown(v1::DownMessage msg) {
+void WorkerCore::SendDown(int replica, v1::DownMessage msg) {
   Run& r = *run_;
-  if (!r.link) {
+  Run::Link& link = r.links[replica];
+  if (!link.link) {
     const uint64_t id = next_link_id_++;
-    r.link_id = id;
-    r.link = link_factory_(
-        r.next_address, r.max_message_bytes,
+    link.id = id;
+    link.link = link_factory_(
+        r.next_addresses[replica], r.max_message_bytes,
         [this, id](v1::UpMessage m) {
           host_.Post([this, id, m = std::move(m)]() mutable {
             HandleUp(id, std::move(m));
@@ -357,7 +438,7 @@ void WorkerCore::SendDown(v1::DownMessage msg) {
         });
   }
   r.metrics->sent_down_bytes->Increment(msg.ByteSizeLong());
-  r.link->Send(std::move(msg));
+  link.link->Send(std::move(msg));
 }
 
 }  // namespace interlock

@@ -5,6 +5,7 @@
 #define INTERLOCK_WORKER_WORKER_RUN_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,7 +25,11 @@ struct WorkerCore::Run {
   int microbatches = 1;
   int64_t eval_batch = 1;
   int64_t classes = 0;
-  std::string next_address;
+  // Replica `replica` of `replicas` hosting the block; the replicas of the
+  // next block, in order.
+  int replica = 0;
+  int replicas = 1;
+  std::vector<std::string> next_addresses;
   int64_t max_message_bytes = 0;
   std::vector<int64_t> sample_shape;  // block input, no batch dimension
   std::vector<int64_t> output_shape;  // block output, no batch dimension
@@ -41,8 +46,24 @@ struct WorkerCore::Run {
   torch::ScalarType input_dtype = torch::kFloat32;
   WireCodec codec;
   BlockDriver* driver = nullptr;  // the host's
-  std::unique_ptr<DownstreamLink> link;
-  uint64_t link_id = 0;
+  // Links to the next block's replicas, opened on first use.
+  struct Link {
+    std::unique_ptr<DownstreamLink> link;
+    uint64_t id = 0;
+  };
+  std::map<int, Link> links;
+  // The replica of block k-1 each micro-batch in flight came from.
+  std::map<std::pair<int64_t, int>, int> senders;
+  // The next block's replica whose link has this id (-1: none).
+  int LinkReplica(uint64_t id) const {
+    for (const auto& [replica, l] : links) {
+      if (l.id == id) return replica;
+    }
+    return -1;
+  }
+  void CloseLinks() {
+    for (auto& [replica, l] : links) l.link->Close();
+  }
   bool failed = false;
   BlockMetrics* metrics = nullptr;
   int64_t nonfinite_seen = 0;  // the trainer's count already exported

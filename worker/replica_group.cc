@@ -1,0 +1,70 @@
+#include "worker/replica_group.h"
+
+#include <unistd.h>
+
+#include <mutex>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "collective/gloo_collective.h"
+
+namespace interlock {
+namespace {
+
+class LazyGroup : public Collective {
+ public:
+  explicit LazyGroup(GlooOptions options) : options_(std::move(options)) {}
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+
+  absl::Status AllReduceSum(torch::Tensor& t) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!group_) {
+      auto g = ConnectGloo(options_);
+      if (!g.ok()) return g.status();
+      group_ = *std::move(g);
+    }
+    return group_->AllReduceSum(t);
+  }
+
+ private:
+  const GlooOptions options_;
+  std::mutex mu_;
+  std::shared_ptr<Collective> group_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Collective>> ReplicaGroup(const std::string& store_address,
+                                         const std::string& prefix, int rank,
+                                         int size,
+                                         const std::string& device_host) {
+  GlooOptions o;
+  const size_t colon = store_address.rfind(':');
+  o.store_host = store_address.substr(0, colon);
+  if (o.store_host.size() > 2 && o.store_host.front() == '[') {
+    o.store_host = o.store_host.substr(1, o.store_host.size() - 2);
+  }
+  int port = 0;
+  if (colon == std::string::npos || o.store_host.empty() ||
+      !absl::SimpleAtoi(store_address.substr(colon + 1), &port) || port < 1 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collective_address '", store_address.substr(0, 64),
+                     "' is not host:port"));
+  }
+  o.store_port = port;
+  o.prefix = prefix;
+  o.rank = rank;
+  o.size = size;
+  if (device_host.empty()) {
+    char name[256] = {0};
+    if (gethostname(name, sizeof(name) - 1) == 0) o.device_host = name;
+  } else {
+    o.device_host = device_host;
+  }
+  return std::shared_ptr<Collective>(std::make_shared<LazyGroup>(std::move(o)));
+}
+
+}  // namespace interlock
