@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "coordinator/topology.h"
 #include "services/device.h"
 
 ABSL_FLAG(std::string, config, "", "RunConfig file (protobuf text format)");
@@ -47,8 +48,13 @@ constexpr char kDefaultEngine[] = "inprocess";
 ABSL_FLAG(std::string, engine, kDefaultEngine,
           "inprocess (one process) or cluster (worker services over gRPC)");
 ABSL_FLAG(std::string, workers, "",
-          "cluster: comma-separated worker addresses, one per block in order; "
-          "empty starts a local cluster on loopback");
+          "cluster: worker addresses, blocks in order separated by ',', the "
+          "replicas of a block by '+' (a:1+a:2,b:1); empty starts a local "
+          "cluster on loopback");
+ABSL_FLAG(std::string, replicas, "",
+          "local cluster: worker replicas per block, e.g. 2,1,1,1 (empty: one "
+          "each); the replicas of a block reduce their gradients as "
+          "training.reduction says");
 ABSL_FLAG(std::string, device, "",
           "where the blocks run: cpu, cuda (= cuda:0) or cuda:N, for every "
           "block or one per block (cpu,cpu,cuda:0,cuda:1); in process and a "
@@ -119,7 +125,8 @@ const char kUsage[] =
     "interlock train --config FILE [--mode e2e|interlock] [--n N] "
     "[--rule furthest|sum] [--steps N] [--epochs N] [--seed S] "
     "[--threads-per-block T] [--schedule sequential|threaded] [--out DIR] "
-    "[--dump-params] [--engine inprocess|cluster] [--workers A,B,...] "
+    "[--dump-params] [--engine inprocess|cluster] [--workers A1+A2,B,...] "
+    "[--replicas 2,1,...] "
     "[--device cpu|cuda[:N][,...]] [--metrics-port P] [--budget T] "
     "[--budget-virtual T] "
     "[--link-latency T] [--link-bandwidth B] [--token-file F] "
@@ -266,7 +273,26 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
     if (options.engine.kind != interlock::EngineKind::kCluster) {
       return Fail("--workers needs --engine cluster", 2);
     }
-    options.engine.workers = absl::StrSplit(workers, ',', absl::SkipEmpty());
+    auto topology = interlock::ParseWorkers(workers);
+    if (!topology.ok()) {
+      return Fail(std::string(topology.status().message()), 2);
+    }
+    options.engine.workers = *std::move(topology);
+  }
+  if (const std::string replicas = absl::GetFlag(FLAGS_replicas);
+      !replicas.empty()) {
+    if (options.engine.kind != interlock::EngineKind::kCluster) {
+      return Fail("--replicas needs --engine cluster", 2);
+    }
+    if (!workers.empty()) {
+      return Fail(
+          "--replicas: with --workers, list each block's replicas there "
+          "(A1+A2,B,...)",
+          2);
+    }
+    auto counts = interlock::ParseReplicas(replicas);
+    if (!counts.ok()) return Fail(std::string(counts.status().message()), 2);
+    options.engine.replicas = *std::move(counts);
   }
   options.engine.security.token_file = absl::GetFlag(FLAGS_token_file);
   options.engine.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);

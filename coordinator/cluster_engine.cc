@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "collective/gloo_collective.h"
 #include "proto/worker.grpc.pb.h"
 #include "rpc/status.h"
 #include "rpc/worker_client.h"
@@ -47,18 +48,38 @@ class ClusterEngine : public Engine {
   absl::Status Init() {
     ASSIGN_OR_RETURN(const int k_blocks, NumBlocks(config_.model()));
     if (static_cast<int>(options_.workers.size()) != k_blocks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--workers: ", options_.workers.size(),
-                       " addresses for a model of ", k_blocks, " blocks"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--workers: ", options_.workers.size(),
+          " blocks of addresses for a model of ", k_blocks, " blocks"));
     }
+    replicas_ = ReplicaCounts(options_.workers);
+    RETURN_IF_ERROR(CheckReplicas(
+        replicas_, k_blocks, config_.training().microbatches(), "--workers"));
     ASSIGN_OR_RETURN(max_bytes_, codec_.MaxMessageBytes(config_, shape_));
     run_id_ = NewRunId();
-    for (size_t k = 0; k < options_.workers.size(); ++k) {
-      peers_.push_back(std::make_unique<WorkerClient>(
-          absl::StrCat("worker ", k), options_.workers[k], max_bytes_,
-          options_.security));
+    for (int k = 0; k < k_blocks; ++k) {
+      peers_.emplace_back();
+      for (int r = 0; r < replicas_[k]; ++r) {
+        peers_[k].push_back(std::make_unique<WorkerClient>(
+            replicas_[k] > 1 ? absl::StrCat("worker ", k, ".", r)
+                             : absl::StrCat("worker ", k),
+            options_.workers[k][r], max_bytes_, options_.security));
+      }
+    }
+    if (Replicated(replicas_)) {
+      // The rendezvous of every block's reduction group; the groups
+      // themselves connect worker to worker.
+      ASSIGN_OR_RETURN(store_, StoreServer::Start("0.0.0.0", 0));
+      collective_address_ =
+          absl::StrCat(options_.collective_host, ":", store_->port());
     }
     return Connect(options_.connect_timeout);
+  }
+
+  int num_workers() const {
+    int n = 0;
+    for (int r : replicas_) n += r;
+    return n;
   }
 
   // Waits for every worker, configures the chain under the current
@@ -67,52 +88,70 @@ class ClusterEngine : public Engine {
     const absl::Time deadline = absl::Now() + timeout;
     const int k_blocks = num_blocks();
     for (int k = 0; k < k_blocks; ++k) {
-      if (!peers_[k]->WaitForConnected(deadline)) {
-        return absl::UnavailableError(
-            absl::StrCat(peers_[k]->label(), ": not reachable within ",
-                         absl::FormatDuration(timeout)));
+      for (auto& peer : peers_[k]) {
+        if (!peer->WaitForConnected(deadline)) {
+          return absl::UnavailableError(
+              absl::StrCat(peer->label(), ": not reachable within ",
+                           absl::FormatDuration(timeout)));
+        }
       }
       WorkerState(k, true);
     }
     // Last block first, so each worker's downstream is ready when it opens
     // its link.
     for (int k = k_blocks - 1; k >= 0; --k) {
-      v1::ConfigureRequest req;
-      req.set_run_id(run_id_);
-      req.set_generation(generation_);
-      *req.mutable_config() = config_;
-      req.set_block(k);
-      req.set_num_blocks(k_blocks);
-      if (k + 1 < k_blocks) req.set_next_address(options_.workers[k + 1]);
-      EncodeShape(shape_, req.mutable_shape());
-      req.set_max_message_bytes(max_bytes_);
-      req.set_window(options_.window);
-      // At the start, wait for a worker still coming up; in a recovery a
-      // worker that is gone again fails the attempt at once (it is retried).
-      RETURN_IF_ERROR(peers_[k]
-                          ->Configure(req, absl::Now() + options_.rpc_deadline,
-                                      /*wait_for_ready=*/generation_ == 1)
-                          .status());
+      for (int r = 0; r < replicas_[k]; ++r) {
+        v1::ConfigureRequest req;
+        req.set_run_id(run_id_);
+        req.set_generation(generation_);
+        *req.mutable_config() = config_;
+        req.set_block(k);
+        req.set_num_blocks(k_blocks);
+        if (k + 1 < k_blocks) {
+          req.set_next_address(options_.workers[k + 1][0]);
+          for (const auto& a : options_.workers[k + 1]) {
+            req.add_next_addresses(a);
+          }
+        }
+        req.set_replica(r);
+        req.set_replicas(replicas_[k]);
+        req.set_collective_address(collective_address_);
+        EncodeShape(shape_, req.mutable_shape());
+        req.set_max_message_bytes(max_bytes_);
+        req.set_window(options_.window);
+        // At the start, wait for a worker still coming up; in a recovery a
+        // worker that is gone again fails the attempt at once (it is
+        // retried).
+        RETURN_IF_ERROR(peers_[k][r]
+                            ->Configure(req,
+                                        absl::Now() + options_.rpc_deadline,
+                                        /*wait_for_ready=*/generation_ == 1)
+                            .status());
+      }
     }
     // Messages and the end of streams of an earlier attempt (before a
     // Recover) are ignored: only the current streams count.
     const int64_t epoch = ++stream_epoch_;
     {
       std::lock_guard<std::mutex> l(mu_);
-      stream_done_ = false;
+      streams_live_ = replicas_[0];
       closing_ = false;
       opened_ = 0;
-      controls_live_ = k_blocks;
+      controls_live_ = num_workers();
+      step_reports_.clear();
     }
     RETURN_IF_ERROR(OpenControls(epoch, deadline));
-    StreamClient::Handlers h;
-    h.on_message = [this, epoch](v1::UpMessage m) {
-      if (epoch == stream_epoch_) OnUp(std::move(m));
-    };
-    h.on_done = [this, epoch](const grpc::Status& s) {
-      OnStreamDone(epoch, s);
-    };
-    stream_ = peers_[0]->OpenStream(std::move(h));
+    streams_.clear();
+    for (int r = 0; r < replicas_[0]; ++r) {
+      StreamClient::Handlers h;
+      h.on_message = [this, epoch](v1::UpMessage m) {
+        if (epoch == stream_epoch_) OnUp(std::move(m));
+      };
+      h.on_done = [this, epoch, r](const grpc::Status& s) {
+        OnStreamDone(epoch, r, s);
+      };
+      streams_.push_back(peers_[0][r]->OpenStream(std::move(h)));
+    }
     return absl::OkStatus();
   }
 
@@ -124,21 +163,23 @@ class ClusterEngine : public Engine {
     req.set_generation(generation_);
     controls_.clear();
     for (int k = 0; k < num_blocks(); ++k) {
-      ControlClient::Handlers h;
-      h.on_event = [this, epoch, k](v1::ControlEvent e) {
-        if (epoch == stream_epoch_) OnControl(k, std::move(e));
-      };
-      h.on_done = [this, epoch, k](const grpc::Status& s) {
-        OnControlDone(epoch, k, s);
-      };
-      controls_.push_back(peers_[k]->OpenControl(req, std::move(h)));
+      for (int r = 0; r < replicas_[k]; ++r) {
+        ControlClient::Handlers h;
+        h.on_event = [this, epoch, k, r](v1::ControlEvent e) {
+          if (epoch == stream_epoch_) OnControl(k, r, std::move(e));
+        };
+        h.on_done = [this, epoch, k, r](const grpc::Status& s) {
+          OnControlDone(epoch, k, r, s);
+        };
+        controls_.push_back(peers_[k][r]->OpenControl(req, std::move(h)));
+      }
     }
     std::unique_lock<std::mutex> l(mu_);
-    const int k_blocks = num_blocks();
+    const int workers = num_workers();
     if (!cv_.wait_until(l, absl::ToChronoTime(deadline),
-                        [&] { return opened_ == k_blocks || !error_.ok(); })) {
+                        [&] { return opened_ == workers || !error_.ok(); })) {
       return absl::UnavailableError(
-          absl::StrCat("only ", opened_, " of ", k_blocks,
+          absl::StrCat("only ", opened_, " of ", workers,
                        " workers opened their control stream in time"));
     }
     return error_;
@@ -165,10 +206,11 @@ class ClusterEngine : public Engine {
       v1::SaveStateRequest req;
       req.set_run_id(run_id_);
       req.set_generation(generation_);
+      // Replicas hold the same state at a step boundary.
       ASSIGN_OR_RETURN(
           BlockStateArchive state,
-          peers_[k]->SaveState(req, k, absl::Now() + options_.rpc_deadline,
-                               kMaxStateBytes));
+          peers_[k][0]->SaveState(req, k, absl::Now() + options_.rpc_deadline,
+                                  kMaxStateBytes));
       out.push_back(std::move(state.bytes));
     }
     return out;
@@ -188,8 +230,10 @@ class ClusterEngine : public Engine {
       header.block = k;
       header.step = step;
       header.sha256 = Sha256Hex(states[k].data(), states[k].size());
-      RETURN_IF_ERROR(peers_[k]->LoadState(
-          header, states[k], absl::Now() + options_.rpc_deadline));
+      for (auto& peer : peers_[k]) {
+        RETURN_IF_ERROR(peer->LoadState(header, states[k],
+                                        absl::Now() + options_.rpc_deadline));
+      }
     }
     return absl::OkStatus();
   }
@@ -201,11 +245,21 @@ class ClusterEngine : public Engine {
       std::lock_guard<std::mutex> l(mu_);
       if (!error_.ok()) return error_;
     }
+    int replica = 0;
+    if (Replicated(replicas_)) {
+      if (routes_step_ != msg.step) {
+        routes_ =
+            RouteStep(msg.step, config_.training().microbatches(), replicas_);
+        routes_step_ = msg.step;
+      }
+      msg.routes = routes_;
+      replica = routes_[msg.mb * num_blocks()];
+    }
     v1::DownMessage down;
-    SetHeader(&down);
+    SetHeader(&down, replica);
     codec_.EncodeForward(msg, config_.training().microbatches(),
                          down.mutable_forward());
-    stream_->Send(std::move(down));
+    streams_[replica]->Send(std::move(down));
     return absl::OkStatus();
   }
 
@@ -234,7 +288,9 @@ class ClusterEngine : public Engine {
     v1::DownMessage down;
     SetHeader(&down);
     codec_.EncodeEval({id, input, target, false}, down.mutable_eval());
-    stream_->Send(std::move(down));
+    // Replicas hold the same parameters between steps: the first of each
+    // block evaluates.
+    streams_[0]->Send(std::move(down));
     std::unique_lock<std::mutex> l(mu_);
     const size_t k = peers_.size();
     if (!cv_.wait_for(l, absl::ToChronoSeconds(options_.stall_timeout),
@@ -260,8 +316,8 @@ class ClusterEngine : public Engine {
       v1::GetStateRequest req;
       req.set_run_id(run_id_);
       v1::GetStateResponse resp;
-      ASSIGN_OR_RETURN(
-          resp, peers_[k]->GetState(req, absl::Now() + options_.rpc_deadline));
+      ASSIGN_OR_RETURN(resp, peers_[k][0]->GetState(
+                                 req, absl::Now() + options_.rpc_deadline));
       BlockState st;
       for (const auto* part : {&resp.block(), &resp.head()}) {
         for (const auto& nt : *part) {
@@ -287,18 +343,18 @@ class ClusterEngine : public Engine {
       std::lock_guard<std::mutex> l(mu_);
       closing_ = true;
     }
-    if (stream_) stream_->CloseWrites();
+    for (auto& s : streams_) s->CloseWrites();
     for (auto& c : controls_) c->Cancel();
     std::unique_lock<std::mutex> l(mu_);
     auto done = [&] {
-      return (!stream_ || stream_done_) && controls_live_ == 0;
+      return (streams_.empty() || streams_live_ == 0) && controls_live_ == 0;
     };
     if (!cv_.wait_for(l, std::chrono::seconds(5), done)) {
-      if (stream_) stream_->Cancel();
+      for (auto& s : streams_) s->Cancel();
       cv_.wait_for(l, std::chrono::seconds(60), done);
     }
     l.unlock();
-    stream_.reset();
+    streams_.clear();
     controls_.clear();
   }
 
@@ -306,10 +362,11 @@ class ClusterEngine : public Engine {
     if (options_.on_worker_state) options_.on_worker_state(block, up);
   }
 
-  void SetHeader(v1::DownMessage* m) {
+  void SetHeader(v1::DownMessage* m, int replica = 0) {
     m->mutable_header()->set_run_id(run_id_);
     m->mutable_header()->set_generation(generation_);
     m->mutable_header()->mutable_route()->set_block(0);
+    m->mutable_header()->mutable_route()->set_replica(replica);
   }
 
   void Fail(absl::Status s) {
@@ -331,7 +388,34 @@ class ClusterEngine : public Engine {
     Push(std::move(*up));
   }
 
-  void OnControl(int k, v1::ControlEvent e) {
+  // A replica's step report. The block's step is done when every replica
+  // has taken it; they reduced together, so they applied the same.
+  void OnStepDone(int k, const StepDone& d) {
+    if (replicas_[k] == 1) {
+      Push(d);
+      return;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    auto& reports = step_reports_[{k, d.step}];
+    reports.push_back(d);
+    if (static_cast<int>(reports.size()) < replicas_[k]) return;
+    StepDone out = reports[0];
+    for (const auto& o : reports) {
+      if (o.skipped != out.skipped || o.microbatches != out.microbatches) {
+        if (error_.ok()) {
+          error_ = absl::InternalError(
+              absl::StrCat("block ", k, " step ", d.step,
+                           ": its replicas applied different updates"));
+        }
+      }
+      out.timing.seconds = std::max(out.timing.seconds, o.timing.seconds);
+    }
+    step_reports_.erase({k, d.step});
+    events_.push_back(out);
+    cv_.notify_all();
+  }
+
+  void OnControl(int k, int r, v1::ControlEvent e) {
     // What a worker reports is of its own block.
     int block = k;
     switch (e.kind_case()) {
@@ -343,7 +427,7 @@ class ClusterEngine : public Engine {
       }
       case v1::ControlEvent::kStepDone:
         block = e.step_done().block();
-        if (block == k) Push(codec_.DecodeStepDone(e.step_done()));
+        if (block == k) OnStepDone(k, codec_.DecodeStepDone(e.step_done()));
         break;
       case v1::ControlEvent::kDuplicate: {
         const auto& d = e.duplicate();
@@ -369,7 +453,7 @@ class ClusterEngine : public Engine {
     }
     if (block != k) {
       Fail(absl::InternalError(
-          absl::StrCat(peers_[k]->label(), ": reported for block ", block)));
+          absl::StrCat(peers_[k][r]->label(), ": reported for block ", block)));
     }
   }
 
@@ -393,25 +477,25 @@ class ClusterEngine : public Engine {
     cv_.notify_all();
   }
 
-  void OnStreamDone(int64_t epoch, const grpc::Status& s) {
+  void OnStreamDone(int64_t epoch, int r, const grpc::Status& s) {
     // Everything under the lock, notify included: the engine may be
-    // destroyed as soon as a waiter sees stream_done_.
+    // destroyed as soon as a waiter sees streams_live_ reach 0.
     std::lock_guard<std::mutex> l(mu_);
     if (epoch != stream_epoch_) return;
-    stream_done_ = true;
+    --streams_live_;
     // A block that stopped the chain says who failed on the status.
     if (auto f = ReportedFailure(FromGrpcStatus(s))) {
       FailLocked(*f);
     } else if ((!closing_ || !s.ok()) && error_.ok()) {
       if (!closing_) WorkerState(0, false);
       error_ = absl::UnavailableError(absl::StrCat(
-          peers_[0]->label(), ": stream ended: ",
+          peers_[0][r]->label(), ": stream ended: ",
           s.ok() ? std::string("closed by the worker") : s.error_message()));
     }
     cv_.notify_all();
   }
 
-  void OnControlDone(int64_t epoch, int k, const grpc::Status& s) {
+  void OnControlDone(int64_t epoch, int k, int r, const grpc::Status& s) {
     // Under the lock, notify included, as OnStreamDone.
     std::lock_guard<std::mutex> l(mu_);
     if (epoch != stream_epoch_) return;
@@ -420,7 +504,7 @@ class ClusterEngine : public Engine {
       // The worker itself went away (or refused the stream): first-hand.
       WorkerState(k, false);
       error_ = absl::UnavailableError(absl::StrCat(
-          peers_[k]->label(), ": control stream ended: ",
+          peers_[k][r]->label(), ": control stream ended: ",
           s.ok() ? std::string("closed by the worker") : s.error_message()));
     }
     cv_.notify_all();
@@ -434,8 +518,17 @@ class ClusterEngine : public Engine {
   int64_t generation_ = 1;
   std::atomic<int64_t> stream_epoch_{0};
   int64_t max_bytes_ = 0;
-  std::vector<std::unique_ptr<WorkerClient>> peers_;
-  std::shared_ptr<StreamClient> stream_;
+  // By block, then replica.
+  std::vector<int> replicas_;
+  std::vector<std::vector<std::unique_ptr<WorkerClient>>> peers_;
+  // The rendezvous store of the reduction groups (with replicas only).
+  std::unique_ptr<StoreServer> store_;
+  std::string collective_address_;
+  // The routes of the step last submitted.
+  int64_t routes_step_ = -1;
+  std::vector<int32_t> routes_;
+  // Into each replica of block 0.
+  std::vector<std::shared_ptr<StreamClient>> streams_;
   std::vector<std::shared_ptr<ControlClient>> controls_;
   int64_t next_eval_ = 0;
 
@@ -445,7 +538,9 @@ class ClusterEngine : public Engine {
   std::map<int64_t, std::vector<EvalReport>> evals_;
   absl::Status error_;
   bool closing_ = false;
-  bool stream_done_ = false;
+  int streams_live_ = 0;  // streams into block 0 not done yet
+  // Step reports of replicated blocks, until every replica's is in.
+  std::map<std::pair<int, int64_t>, std::vector<StepDone>> step_reports_;
   int opened_ = 0;         // control streams the workers took
   int controls_live_ = 0;  // control streams not done yet
 };

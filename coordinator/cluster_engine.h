@@ -1,7 +1,8 @@
 // The cluster engine: drives a chain of interlock-worker services over gRPC.
-// It configures each worker with its block, streams micro-batches into
-// block 0 and receives completions, step reports, evaluation results and
-// failures from block 0's upward stream.
+// It configures each worker with its block (and replica), streams
+// micro-batches into block 0's replicas along the routes it chooses, and
+// receives completions from block 0's upward streams and step reports,
+// evaluation results and failures from every worker's control stream.
 #ifndef INTERLOCK_COORDINATOR_CLUSTER_ENGINE_H_
 #define INTERLOCK_COORDINATOR_CLUSTER_ENGINE_H_
 
@@ -13,13 +14,18 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
+#include "coordinator/topology.h"
 #include "proto/config.pb.h"
 #include "rpc/security.h"
 
 namespace interlock {
 
 struct ClusterOptions {
-  std::vector<std::string> workers;  // one address per block, in order
+  // Worker addresses by block, then replica (coordinator/topology.h).
+  Topology workers;
+  // With replicas: the address of this process the workers reach the
+  // reduction groups' rendezvous store at.
+  std::string collective_host = "127.0.0.1";
   // Micro-batches kept in flight (0: 2 x blocks x micro-batches); workers
   // bound what they queue by it.
   int window = 0;

@@ -2,6 +2,7 @@
 
 #include "coordinator/cluster_engine.h"
 #include "coordinator/inprocess_engine.h"
+#include "coordinator/topology.h"
 #include "services/device.h"
 #include "services/models.h"
 #include "services/status_macros.h"
@@ -35,6 +36,17 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
         "--device: remote workers run their blocks where their own --device "
         "says; it applies in process and to a local cluster only");
   }
+  if (!options.workers.empty() && !options.replicas.empty()) {
+    return absl::InvalidArgumentError(
+        "--replicas: with --workers, list each block's replicas there "
+        "(A1+A2,B,...)");
+  }
+  std::vector<int> replicas = options.replicas;
+  if (replicas.empty()) replicas.assign(k, 1);
+  RETURN_IF_ERROR(CheckReplicas(
+      options.workers.empty() ? replicas : ReplicaCounts(options.workers), k,
+      config.training().microbatches(),
+      options.workers.empty() ? "--replicas" : "--workers"));
   ClusterOptions co;
   co.workers = options.workers;
   co.connect_timeout = options.connect_timeout;
@@ -50,22 +62,35 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
   if (co.workers.empty()) {
     // Each worker runs its block where --device says (the workers' default,
     // the CPU, when it is not given).
-    std::vector<std::vector<std::string>> device_flags;
-    if (!options.devices.empty()) {
-      for (const c10::Device& d : devices) {
-        device_flags.push_back({"--device=" + d.str()});
+    // One process per replica, block after block.
+    std::vector<std::vector<std::string>> worker_flags;
+    int count = 0;
+    for (int b = 0; b < k; ++b) {
+      for (int r = 0; r < replicas[b]; ++r, ++count) {
+        std::vector<std::string> flags;
+        if (!options.devices.empty()) {
+          flags.push_back("--device=" + devices[b].str());
+        }
+        worker_flags.push_back(std::move(flags));
       }
     }
-    ASSIGN_OR_RETURN(
-        run->local_,
-        LocalCluster::Launch(
-            k,
-            options.worker_binary.empty() ? DefaultWorkerBinary()
-                                          : options.worker_binary,
-            absl::Seconds(120), SecurityFlags(options.security), device_flags));
+    std::vector<std::string> extra = SecurityFlags(options.security);
+    if (Replicated(replicas)) extra.push_back("--collective_host=127.0.0.1");
+    ASSIGN_OR_RETURN(run->local_,
+                     LocalCluster::Launch(
+                         count,
+                         options.worker_binary.empty() ? DefaultWorkerBinary()
+                                                       : options.worker_binary,
+                         absl::Seconds(120), extra, worker_flags));
     run->on_cluster_ = options.on_cluster;
     if (run->on_cluster_) run->on_cluster_(run->local_.get());
-    co.workers = run->local_->addresses();
+    const std::vector<std::string> addresses = run->local_->addresses();
+    size_t next = 0;
+    for (int b = 0; b < k; ++b) {
+      co.workers.emplace_back(addresses.begin() + next,
+                              addresses.begin() + next + replicas[b]);
+      next += replicas[b];
+    }
     // Like a restartPolicy: a dead worker is started again on its port.
     co.revive = [l = run->local_.get(), log] {
       auto n = l->ReviveDead();

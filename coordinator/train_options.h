@@ -47,9 +47,12 @@ struct EngineOptions {
   EngineKind kind = EngineKind::kInProcess;
   // In-process: blocks one after the other, or one thread each.
   Schedule schedule = Schedule::kSequential;
-  // Cluster: one worker address per block; empty starts a local cluster of
-  // interlock-worker processes on loopback.
-  std::vector<std::string> workers;
+  // Cluster: worker addresses by block, then replica (--workers,
+  // coordinator/topology.h); empty starts a local cluster of
+  // interlock-worker processes on loopback, `replicas[k]` for block k
+  // (empty: one each).
+  std::vector<std::vector<std::string>> workers;
+  std::vector<int> replicas;
   std::string worker_binary;  // empty: next to this executable
   // Where the blocks run (--device, services/device.h): none (all on the
   // CPU), one for every block, or one per block. In process they are the

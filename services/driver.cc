@@ -55,8 +55,7 @@ bool BlockDriver::RunsNext(int64_t step, int mb,
                            const std::vector<int32_t>& routes) const {
   if (step != step_) return false;
   if (own_known_) {
-    return forwarded_ < static_cast<int>(own_.size()) &&
-           own_[forwarded_] == mb;
+    return forwarded_ < static_cast<int>(own_.size()) && own_[forwarded_] == mb;
   }
   const std::vector<int> own = OwnMicrobatches(routes);
   return !own.empty() && own[0] == mb;

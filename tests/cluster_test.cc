@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "coordinator/topology.h"
 #include "coordinator/train.h"
 #include "proto/worker.grpc.pb.h"
 #include "services/config.h"
@@ -144,7 +145,7 @@ void CompareEngines(const char* text, int k, const std::string& partition,
       ASSERT_TRUE(a.ok()) << a.status();
       TrainOptions cluster = local;
       cluster.engine.kind = EngineKind::kCluster;
-      cluster.engine.workers = workers;
+      cluster.engine.workers = OnePerBlock(workers);
       auto b = Train(c, cluster);
       ASSERT_TRUE(b.ok()) << b.status();
       ASSERT_EQ(a->block_digests.size(), static_cast<size_t>(k));
@@ -178,7 +179,7 @@ TEST_F(ClusterTest, WrongWorkerCountIsRefused) {
   TrainOptions o;
   o.output.quiet = true;
   o.engine.kind = EngineKind::kCluster;
-  o.engine.workers = Addresses(2);
+  o.engine.workers = OnePerBlock(Addresses(2));
   auto r = Train(c, o);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("--workers"), std::string::npos);

@@ -413,7 +413,7 @@ class NonFiniteTest : public ::testing::Test {
     TrainOptions o;
     o.output.quiet = true;
     o.engine.kind = EngineKind::kCluster;
-    for (const auto& w : *workers_) o.engine.workers.push_back(w.address());
+    for (const auto& w : *workers_) o.engine.workers.push_back({w.address()});
     return o;
   }
   static std::string* dir_;

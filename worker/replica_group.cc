@@ -36,10 +36,9 @@ class LazyGroup : public Collective {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<Collective>> ReplicaGroup(const std::string& store_address,
-                                         const std::string& prefix, int rank,
-                                         int size,
-                                         const std::string& device_host) {
+absl::StatusOr<std::shared_ptr<Collective>> ReplicaGroup(
+    const std::string& store_address, const std::string& prefix, int rank,
+    int size, const std::string& device_host) {
   GlooOptions o;
   const size_t colon = store_address.rfind(':');
   o.store_host = store_address.substr(0, colon);
@@ -50,9 +49,9 @@ absl::StatusOr<std::shared_ptr<Collective>> ReplicaGroup(const std::string& stor
   if (colon == std::string::npos || o.store_host.empty() ||
       !absl::SimpleAtoi(store_address.substr(colon + 1), &port) || port < 1 ||
       port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("collective_address '", store_address.substr(0, 64),
-                     "' is not host:port"));
+    return absl::InvalidArgumentError(absl::StrCat("collective_address '",
+                                                   store_address.substr(0, 64),
+                                                   "' is not host:port"));
   }
   o.store_port = port;
   o.prefix = prefix;

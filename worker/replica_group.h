@@ -16,10 +16,9 @@ namespace interlock {
 // one after another, and the rendezvous waits for all of them. The Gloo
 // device listens on `device_host` (empty: this machine's host name).
 // A malformed `store_address` is INVALID_ARGUMENT.
-absl::StatusOr<std::shared_ptr<Collective>> ReplicaGroup(const std::string& store_address,
-                                         const std::string& prefix, int rank,
-                                         int size,
-                                         const std::string& device_host);
+absl::StatusOr<std::shared_ptr<Collective>> ReplicaGroup(
+    const std::string& store_address, const std::string& prefix, int rank,
+    int size, const std::string& device_host);
 
 }  // namespace interlock
 

@@ -97,18 +97,17 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   }
   const int replicas = req.replicas() > 0 ? req.replicas() : 1;
   if (req.replica() < 0 || req.replica() >= replicas) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("configure: replica ", req.replica(), " outside [0, ",
-                     replicas, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "configure: replica ", req.replica(), " outside [0, ", replicas, ")"));
   }
   // Every replica runs at least one micro-batch of each step: it must
   // reach the step's reduction, or its peers would wait for it.
   const int microbatches = config.training().microbatches();
   if (replicas > microbatches) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "configure: block ", req.block(), " has ", replicas,
-        " replicas but a step has only ", microbatches,
-        " micro-batches: at most one replica per micro-batch"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("configure: block ", req.block(), " has ", replicas,
+                     " replicas but a step has only ", microbatches,
+                     " micro-batches: at most one replica per micro-batch"));
   }
   if (replicas > 1 && req.collective_address().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -283,10 +282,10 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     // One group per run, generation and block.
     ASSIGN_OR_RETURN(
         auto group,
-        ReplicaGroup(req.collective_address(),
-                     absl::StrCat(req.run_id(), "/", req.generation(), "/",
-                                  req.block()),
-                     req.replica(), replicas, options_.collective_host));
+        ReplicaGroup(
+            req.collective_address(),
+            absl::StrCat(req.run_id(), "/", req.generation(), "/", req.block()),
+            req.replica(), replicas, options_.collective_host));
     trainer->SetReplicas(std::move(group), config.training().reduction());
   }
   host_.set_driver(std::make_unique<BlockDriver>(std::move(trainer), cb,

@@ -84,9 +84,9 @@ void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from,
     const int senders = run_->block == 0 ? 1 : run_->microbatches;
     if (h.from_replica() < 0 || h.from_replica() >= senders) {
       run_->metrics->rejected->Increment();
-      from->Finish(absl::InvalidArgumentError(absl::StrCat(
-          "stream: from_replica ", h.from_replica(), " outside [0, ", senders,
-          ")")));
+      from->Finish(absl::InvalidArgumentError(
+          absl::StrCat("stream: from_replica ", h.from_replica(),
+                       " outside [0, ", senders, ")")));
       return;
     }
     // The same run and generation: a reconnect (the coordinator after a
@@ -171,22 +171,21 @@ absl::Status WorkerCore::CheckRoutes(const v1::ForwardData& f,
   }
   const int64_t k_blocks = r.num_blocks;
   if (f.routes_size() != int64_t{r.microbatches} * k_blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": ", f.routes_size(), " route entries for ",
-                     r.microbatches, " micro-batches of ", k_blocks, " blocks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", f.routes_size(), " route entries for ", r.microbatches,
+        " micro-batches of ", k_blocks, " blocks"));
   }
   std::vector<bool> used(r.replicas, false);
   for (int mb = 0; mb < r.microbatches; ++mb) {
     const int own = f.routes(mb * k_blocks + r.block);
-    const int down = r.block + 1 < k_blocks
-                         ? f.routes(mb * k_blocks + r.block + 1)
-                         : 0;
+    const int down =
+        r.block + 1 < k_blocks ? f.routes(mb * k_blocks + r.block + 1) : 0;
     if (own < 0 || own >= r.replicas || down < 0 ||
         (r.block + 1 < k_blocks && down >= next)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": micro-batch ", mb, " routed to replica ", own, " of ",
-          r.replicas, " and replica ", down, " of ", std::max(next, 1),
-          " of the next block"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": micro-batch ", mb, " routed to replica ", own,
+                       " of ", r.replicas, " and replica ", down, " of ",
+                       std::max(next, 1), " of the next block"));
     }
     used[own] = true;
   }
@@ -194,9 +193,9 @@ absl::Status WorkerCore::CheckRoutes(const v1::ForwardData& f,
   // reduction, and its peers would wait for it there.
   for (int i = 0; i < r.replicas; ++i) {
     if (!used[i]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": the routes give replica ", i, " of block ", r.block,
-          " no micro-batch of the step"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the routes give replica ", i, " of block ",
+                       r.block, " no micro-batch of the step"));
     }
   }
   return absl::OkStatus();
