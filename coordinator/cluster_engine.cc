@@ -69,7 +69,7 @@ class ClusterEngine : public Engine {
     if (Replicated(replicas_)) {
       // The rendezvous of every block's reduction group; the groups
       // themselves connect worker to worker.
-      ASSIGN_OR_RETURN(store_, StoreServer::Start("0.0.0.0", 0));
+      ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.collective_host, 0));
       collective_address_ =
           absl::StrCat(options_.collective_host, ":", store_->port());
     }
