@@ -10,7 +10,7 @@ if [[ "${1:-}" == "--build-only" ]]; then BUILD_ONLY=1; fi
 
 PACKAGES=(
   build-essential cmake pkg-config ninja-build clang-format
-  libtorch-dev libopenblas0-pthread
+  libtorch-dev libopenblas0-pthread libgloo-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgoogle-glog-dev libgflags-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev zlib1g-dev

@@ -6,10 +6,12 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/device.h"
+#include "services/replication.h"
 #include "services/status_macros.h"
 #include "services/torch_guard.h"
 
@@ -88,6 +90,19 @@ BlockTrainer::BlockTrainer(TrainerOptions options, BlockModules modules,
       modules_(std::move(modules)),
       optimizer_spec_(std::move(optimizer)) {
   block_params_ = ParamsOf(modules_.block);
+}
+
+BlockTrainer::~BlockTrainer() = default;
+
+void BlockTrainer::SetReplicas(std::shared_ptr<Collective> group,
+                               interlock::v1::TrainingSpec::Reduction mode) {
+  if (!group || group->size() <= 1) {
+    replication_.reset();
+    return;
+  }
+  replication_ = std::make_unique<Replication>(
+      std::move(group), mode, options_.block, options_.microbatches,
+      TrainedParams(), modules_.block, modules_.head);
 }
 
 std::vector<torch::Tensor> BlockTrainer::TrainedParams() const {
@@ -227,9 +242,13 @@ absl::StatusOr<ForwardResult> BlockTrainer::Forward(
     return absl::FailedPreconditionError(absl::StrCat(
         "block ", options_.block, ": micro-batch ", mb, " already forwarded"));
   }
+  if (replication_) RETURN_IF_ERROR(replication_->CheckForward(mb));
   return TorchGuard("forward", [&]() -> absl::StatusOr<ForwardResult> {
     ForwardResult r;
     Pending p;
+    // Replicas: this micro-batch's BatchNorm statistics are kept apart.
+    std::optional<Replication::StatsCapture> capture;
+    if (replication_) capture.emplace(*replication_, mb);
     const torch::Tensor x = OnDevice(input);
     const torch::Tensor target = OnDevice(target_in);
     auto t0 = Clock::now();
@@ -286,6 +305,10 @@ absl::StatusOr<ForwardResult> BlockTrainer::Forward(
     if (!is_last()) {
       r.output =
           r.output_nonfinite ? torch::zeros_like(p.output) : p.output.detach();
+    }
+    if (replication_) {
+      RETURN_IF_ERROR(capture->Keep());
+      replication_->TakeGradients(mb);  // the head's
     }
     pending_.emplace(mb, std::move(p));
     return r;
@@ -366,6 +389,7 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
                                 /*retain_graph=*/false,
                                 /*create_graph=*/false, inputs);
     }
+    if (replication_) replication_->TakeGradients(mb);
     if (with_input) {
       r.shared = p.input.grad().detach();
       ASSIGN_OR_RETURN(
@@ -387,6 +411,17 @@ absl::StatusOr<OpTiming> BlockTrainer::Step(double lr) {
   }
   return TorchGuard("optimizer", [&]() -> absl::StatusOr<OpTiming> {
     auto t0 = Clock::now();
+    if (replication_) {
+      auto totals = replication_->Reduce(skip_step_, accumulated_);
+      if (!totals.ok()) {
+        optimizer_->ZeroGrad();
+        skip_step_ = false;
+        accumulated_ = 0;
+        return totals.status();
+      }
+      skip_step_ = totals->skip;
+      accumulated_ = totals->accumulated;
+    }
     if (!skip_step_) {
       // Finite losses can still overflow in a backward pass.
       for (const auto* part : {&modules_.block, &modules_.head}) {

@@ -22,6 +22,8 @@
 
 namespace interlock {
 
+class Replication;
+
 // What the trainer needs to know about the run it is part of.
 struct TrainerOptions {
   int block = 0;       // k
@@ -113,6 +115,18 @@ class BlockTrainer {
   static absl::StatusOr<std::unique_ptr<BlockTrainer>> FromModules(
       const TrainerOptions& options, BlockModules modules,
       const interlock::v1::OptimizerSpec& optimizer);
+  ~BlockTrainer();
+
+  // Makes this trainer one of the replicas of its block (DESIGN §2.4), at a
+  // step boundary. The caller then runs Forward, Entry and Backward only
+  // for the micro-batches routed here (in increasing order; every replica
+  // at least one per step), and Step reduces with `group` (every replica
+  // calls it) before all apply the same update. ORDERED gives parameters,
+  // buffers and optimizer state bitwise equal to one trainer that ran every
+  // micro-batch; RING sums per-replica gradients (services/replication.h).
+  // A null group or one of size 1 restores the single trainer.
+  void SetReplicas(std::shared_ptr<Collective> group,
+                   interlock::v1::TrainingSpec::Reduction mode);
 
   const TrainerOptions& options() const { return options_; }
   const c10::Device& device() const { return options_.device; }
@@ -166,13 +180,11 @@ class BlockTrainer {
       const std::vector<bool>& downstream_nonfinite = {});
   // Applies the accumulated gradients with this learning rate, zeroes them;
   // under SKIP_STEP a step that met non-finite values only drops them.
+  // With replicas it first reduces: the skip decision and last_applied()
+  // are then the whole block's. A failed reduction drops the step's
+  // gradients and changes no parameter; the replica must then reload its
+  // state from a live one.
   absl::StatusOr<OpTiming> Step(double lr);
-  // TEMPORARY stand-in until the replicas-core branch is merged.
-  void SetReplicas(std::shared_ptr<Collective> group,
-                   interlock::v1::TrainingSpec::Reduction mode) {
-    group_ = std::move(group);
-    (void)mode;
-  }
   // Whether the last Step skipped the update.
   bool last_step_skipped() const { return last_step_skipped_; }
   // Non-finite losses and gradients met so far (the policy's counter).
@@ -247,7 +259,7 @@ class BlockTrainer {
   int64_t nonfinite_count_ = 0;
   int accumulated_ = 0;
   int last_applied_ = 0;
-  std::shared_ptr<Collective> group_;
+  std::unique_ptr<Replication> replication_;  // null: the only replica
 };
 
 // Whether every value of a floating-point tensor is finite.

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/replication.h"
 #include "services/state_archive.h"
 #include "services/status_macros.h"
 #include "services/torch_guard.h"
@@ -86,6 +87,7 @@ absl::StatusOr<int64_t> BlockTrainer::LoadState(const std::string& bytes,
     optimizer_ = std::move(fresh);
     optimizer_->ZeroGrad();
     accumulated_ = 0;
+    if (replication_) replication_->Reset();
     return step;
   });
 }
