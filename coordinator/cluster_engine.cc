@@ -318,6 +318,14 @@ class ClusterEngine : public Engine {
       v1::GetStateResponse resp;
       ASSIGN_OR_RETURN(resp, peers_[k][0]->GetState(
                                  req, absl::Now() + options_.rpc_deadline));
+      // Replicas must end where the first does: anything else is a broken
+      // reduction, and the run's result would depend on which one is read.
+      for (size_t r = 1; r < peers_[k].size(); ++r) {
+        ASSIGN_OR_RETURN(
+            v1::GetStateResponse other,
+            peers_[k][r]->GetState(req, absl::Now() + options_.rpc_deadline));
+        RETURN_IF_ERROR(SameState(resp, other, *peers_[k][r]));
+      }
       BlockState st;
       for (const auto* part : {&resp.block(), &resp.head()}) {
         for (const auto& nt : *part) {
@@ -335,6 +343,29 @@ class ClusterEngine : public Engine {
   void Shutdown() override { CloseStream(); }
 
  private:
+  static absl::Status SameState(const v1::GetStateResponse& a,
+                                const v1::GetStateResponse& b,
+                                const WorkerClient& who) {
+    auto differs = [&](const std::string& what) {
+      return absl::InternalError(
+          absl::StrCat(who.label(), ": ", what, " differs from replica 0's"));
+    };
+    if (a.step() != b.step()) return differs("the step");
+    for (const auto& [pa, pb] : {std::make_pair(&a.block(), &b.block()),
+                                 std::make_pair(&a.head(), &b.head())}) {
+      if (pa->size() != pb->size()) return differs("the tensor count");
+      for (int i = 0; i < pa->size(); ++i) {
+        const auto& x = (*pa)[i];
+        const auto& y = (*pb)[i];
+        if (x.name() != y.name() ||
+            x.tensor().SerializeAsString() != y.tensor().SerializeAsString()) {
+          return differs(x.name());
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // Ends the data stream (half-close, cancelled if it does not end) and the
   // control streams, and waits until gRPC is done with them: their
   // handlers point at this engine.
