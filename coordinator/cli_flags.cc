@@ -55,6 +55,10 @@ ABSL_FLAG(std::string, replicas, "",
           "local cluster: worker replicas per block, e.g. 2,1,1,1 (empty: one "
           "each); the replicas of a block reduce their gradients as "
           "training.reduction says");
+ABSL_FLAG(std::string, collective_host, "",
+          "cluster with replicas: the address of this machine the workers "
+          "reach the reduction rendezvous store at (empty: 127.0.0.1 for a "
+          "local cluster, the host name for --workers)");
 ABSL_FLAG(std::string, device, "",
           "where the blocks run: cpu, cuda (= cuda:0) or cuda:N, for every "
           "block or one per block (cpu,cpu,cuda:0,cuda:1); in process and a "
@@ -294,6 +298,7 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
     if (!counts.ok()) return Fail(std::string(counts.status().message()), 2);
     options.engine.replicas = *std::move(counts);
   }
+  options.engine.collective_host = absl::GetFlag(FLAGS_collective_host);
   options.engine.security.token_file = absl::GetFlag(FLAGS_token_file);
   options.engine.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.engine.security.tls_key = absl::GetFlag(FLAGS_tls_key);

@@ -1,5 +1,7 @@
 #include "coordinator/engine_factory.h"
 
+#include <unistd.h>
+
 #include "coordinator/cluster_engine.h"
 #include "coordinator/inprocess_engine.h"
 #include "coordinator/topology.h"
@@ -49,6 +51,15 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
       options.workers.empty() ? "--replicas" : "--workers"));
   ClusterOptions co;
   co.workers = options.workers;
+  co.collective_host = options.collective_host;
+  if (co.collective_host.empty()) {
+    char name[256] = {0};
+    if (!options.workers.empty() && gethostname(name, sizeof(name) - 1) == 0) {
+      co.collective_host = name;
+    } else {
+      co.collective_host = "127.0.0.1";
+    }
+  }
   co.connect_timeout = options.connect_timeout;
   co.window = window;
   ASSIGN_OR_RETURN(co.security, LoadTransportSecurity(options.security,

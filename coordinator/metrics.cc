@@ -110,6 +110,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
                "1 while the worker of a block is reachable, 0 once it "
                "failed")
            .Register(r);
+  m->replicas_family_ = &prometheus::BuildGauge()
+                             .Name("interlock_coordinator_replicas")
+                             .Help("Worker replicas the run gives each block")
+                             .Register(r);
   auto exposer = HttpExposer::Start(host, port, m->registry_);
   if (!exposer.ok()) return exposer.status();
   m->exposer_ = std::move(*exposer);
@@ -175,6 +179,10 @@ void CoordinatorMetrics::OnRecovery() { recoveries_->Increment(); }
 
 void CoordinatorMetrics::SetWorkerUp(int block, bool up) {
   PerBlock(workers_up_family_, workers_up_, block).Set(up ? 1.0 : 0.0);
+}
+
+void CoordinatorMetrics::SetReplicas(int block, int replicas) {
+  PerBlock(replicas_family_, replicas_, block).Set(replicas);
 }
 
 void CoordinatorMetrics::OnEval(int block, double accuracy, double loss) {

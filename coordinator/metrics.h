@@ -42,6 +42,8 @@ class CoordinatorMetrics {
   void OnRecovery();
   // Thread-safe: the cluster engine reports from its RPC threads.
   void SetWorkerUp(int block, bool up);
+  // The block runs on `replicas` worker replicas (DESIGN §2.4).
+  void SetReplicas(int block, int replicas);
 
  private:
   CoordinatorMetrics() = default;
@@ -68,10 +70,11 @@ class CoordinatorMetrics {
   prometheus::Gauge* last_checkpoint_step_ = nullptr;
   prometheus::Counter* recoveries_ = nullptr;
   prometheus::Family<prometheus::Gauge>* workers_up_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* replicas_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* skipped_family_ = nullptr;
   std::mutex mu_;  // guards the per-block caches
   std::map<int, prometheus::Gauge*> loss_, accuracy_, eval_loss_, workers_up_,
-      busy_;
+      busy_, replicas_;
   std::map<int, prometheus::Counter*> skipped_;
 };
 

@@ -40,6 +40,8 @@ RunSummary SummaryOf(const v1::RunConfig& config, const std::string& mode,
   s.mutable_mean_step_seconds()->set_virtual_(r.mean_step_virtual);
   s.set_utilisation(r.utilisation);
   for (double b : r.busy_ratio) s.add_busy_ratio(b);
+  for (int n : r.replicas) s.add_replicas(n);
+  s.set_reduction(t.reduction() == v1::TrainingSpec::RING ? "ring" : "ordered");
   for (const HeadResult& h : r.eval) {
     HeadMetrics* m = s.add_eval();
     m->set_block(h.block);

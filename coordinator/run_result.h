@@ -48,6 +48,7 @@ struct TrainResult {
   // Per block: steps whose update it skipped (training.nonfinite_policy).
   std::vector<int64_t> skipped_steps;
   Accounting accounting;
+  std::vector<int> replicas;  // worker replicas per block (1 in process)
 };
 
 }  // namespace interlock

@@ -10,6 +10,7 @@
 #include "coordinator/run_recovery.h"
 #include "coordinator/run_report.h"
 #include "coordinator/run_state.h"
+#include "coordinator/topology.h"
 #include "services/config.h"
 #include "services/status_macros.h"
 #include "services/wire_codec.h"
@@ -73,7 +74,11 @@ class Runner {
     s_.records.SetProgress(&progress);
     s_.timer.Start(resume.wall_seconds);
     if (metrics_) {
-      for (int b = 0; b < k_; ++b) metrics_->OnSkippedSteps(b, 0);
+      const std::vector<int> replicas = Replicas();
+      for (int b = 0; b < k_; ++b) {
+        metrics_->OnSkippedSteps(b, 0);
+        metrics_->SetReplicas(b, replicas[b]);
+      }
     }
     s_.records.StartAt(resume.step, resume.wall_seconds);
     ResetTo(resume.step);
@@ -189,6 +194,7 @@ class Runner {
     result.wall_seconds = s_.timer.Training();
     result.final_losses = s_.records.last_losses();
     result.skipped_steps = s_.ledger.SkippedPerBlock();
+    result.replicas = Replicas();
     auto& evals = s_.evals;
     if (evals.empty() || evals.back().step != total_) {
       RETURN_IF_ERROR(EvaluateAt(total_));
@@ -289,6 +295,15 @@ class Runner {
   }
 
   const RunConfig& c_;
+  // Worker replicas per block (DESIGN §2.4): the topology's counts.
+  std::vector<int> Replicas() const {
+    std::vector<int> r = o_.engine.workers.empty()
+                             ? o_.engine.replicas
+                             : ReplicaCounts(o_.engine.workers);
+    if (static_cast<int>(r.size()) != k_) r.assign(k_, 1);
+    return r;
+  }
+
   const TrainOptions& o_;
   Engine& engine_;
   const DataSplits& data_;

@@ -53,6 +53,10 @@ struct EngineOptions {
   // (empty: one each).
   std::vector<std::vector<std::string>> workers;
   std::vector<int> replicas;
+  // With replicas: the address of this process the workers reach the
+  // reduction groups' rendezvous store at (empty: 127.0.0.1 for a local
+  // cluster, this machine's host name for remote workers).
+  std::string collective_host;
   std::string worker_binary;  // empty: next to this executable
   // Where the blocks run (--device, services/device.h): none (all on the
   // CPU), one for every block, or one per block. In process they are the

@@ -421,6 +421,7 @@ absl::StatusOr<OpTiming> BlockTrainer::Step(double lr) {
       }
       skip_step_ = totals->skip;
       accumulated_ = totals->accumulated;
+      last_reduction_seconds_ = SecondsSince(device(), t0);
     }
     if (!skip_step_) {
       // Finite losses can still overflow in a backward pass.

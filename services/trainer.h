@@ -185,6 +185,9 @@ class BlockTrainer {
   // gradients and changes no parameter; the replica must then reload its
   // state from a live one.
   absl::StatusOr<OpTiming> Step(double lr);
+  // Seconds the last Step spent reducing with the other replicas (part of
+  // its optimizer timing; 0 without replicas).
+  double last_reduction_seconds() const { return last_reduction_seconds_; }
   // Whether the last Step skipped the update.
   bool last_step_skipped() const { return last_step_skipped_; }
   // Non-finite losses and gradients met so far (the policy's counter).
@@ -260,6 +263,7 @@ class BlockTrainer {
   int accumulated_ = 0;
   int last_applied_ = 0;
   std::unique_ptr<Replication> replication_;  // null: the only replica
+  double last_reduction_seconds_ = 0.0;
 };
 
 // Whether every value of a floating-point tensor is finite.

@@ -83,6 +83,7 @@ BlockMetrics& WorkerMetrics::ForBlock(int block, int replica) {
   m.backward_seconds = &compute_->Add(with("phase", "backward"), Buckets());
   m.optimizer_seconds = &compute_->Add(with("phase", "optimizer"), Buckets());
   m.input_grad_seconds = &compute_->Add(with("phase", "input_grad"), Buckets());
+  m.reduction_seconds = &compute_->Add(with("phase", "reduction"), Buckets());
   m.idle_seconds = &idle_->Add(base);
   m.sent_down_bytes = &sent_->Add(with("direction", "down"));
   m.sent_up_bytes = &sent_->Add(with("direction", "up"));

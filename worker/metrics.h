@@ -23,6 +23,9 @@ struct BlockMetrics {
   prometheus::Histogram* backward_seconds = nullptr;
   prometheus::Histogram* optimizer_seconds = nullptr;
   prometheus::Histogram* input_grad_seconds = nullptr;
+  // The reduction with the block's other replicas (part of the optimizer
+  // phase); observed only when the block has replicas.
+  prometheus::Histogram* reduction_seconds = nullptr;
   prometheus::Counter* idle_seconds = nullptr;
   prometheus::Counter* sent_down_bytes = nullptr;
   prometheus::Counter* sent_up_bytes = nullptr;

@@ -205,7 +205,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   run->target_shape = TargetShape(shape);
   run->input_dtype =
       req.block() == 0 && shape.is_text ? torch::kInt64 : torch::kFloat32;
-  run->metrics = &metrics_->ForBlock(req.block());
+  run->metrics = &metrics_->ForBlock(req.block(), req.replica());
   int64_t params = 0;
   int64_t tensor_bytes = 0;
   int64_t entries = 0;
@@ -274,6 +274,10 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   cb.step_done = [this, r](StepDone d) {
     r->metrics->step->Set(static_cast<double>(d.step + 1));
     r->metrics->optimizer_seconds->Observe(d.timing.seconds);
+    if (r->replicas > 1) {
+      r->metrics->reduction_seconds->Observe(
+          r->driver->trainer().last_reduction_seconds());
+    }
     v1::ControlEvent msg;
     r->codec.EncodeStepDone(d, msg.mutable_step_done());
     SendControl(std::move(msg));
