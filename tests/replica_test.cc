@@ -424,6 +424,7 @@ TEST(Replicas, SilentPeerFailsTheStepWithinTheTimeout) {
           .count();
   done.Notify();
   silent.join();
+  std::cout << "after " << seconds << " s: " << out.status << "\n";
   EXPECT_FALSE(out.status.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(out.status) ||
               absl::IsUnavailable(out.status))
@@ -474,6 +475,98 @@ TEST(Replicas, IntegerSumOfFloatBitsIsACopy) {
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(SameBits(values, got[r])) << "rank " << r;
   }
+}
+
+TEST(Replicas, UnreachableStoreFailsWithinTheTimeout) {
+  int port = 0;
+  {
+    auto server = StoreServer::Start("127.0.0.1", 0);
+    ASSERT_TRUE(server.ok()) << server.status();
+    port = (*server)->port();
+  }
+  GlooOptions o{"127.0.0.1", port, NextPrefix(), 0, 2};
+  o.timeout = absl::Seconds(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto group = ConnectGloo(o);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  EXPECT_FALSE(group.ok());
+  EXPECT_LT(seconds, 10.0);
+}
+
+// A member whose peers contribute nothing: one trainer that runs every
+// micro-batch through the replica path must end as it would alone.
+class Alone : public Collective {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  absl::Status AllReduceSum(torch::Tensor&) override {
+    return absl::OkStatus();
+  }
+};
+
+// BatchNorm1d with a cumulative average (momentum unset: the factor is
+// 1 / num_batches_tracked) next to the default BatchNorm2d path.
+TEST(Replicas, CumulativeBatchNorm1dIsReplayedBitwise) {
+  namespace nn = torch::nn;
+  torch::manual_seed(5);
+  nn::Sequential proto(
+      nn::Linear(6, 8),
+      nn::BatchNorm1d(nn::BatchNormOptions(8).momentum(c10::nullopt)),
+      nn::ReLU(), nn::Linear(8, 3));
+  TrainerOptions options;
+  options.microbatches = kMicrobatches;
+  interlock::v1::OptimizerSpec sgd;
+  sgd.set_kind(interlock::v1::OptimizerSpec::SGD);
+  sgd.set_momentum(0.9);
+  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> data(
+      kSteps);
+  for (auto& step : data) {
+    for (int mb = 0; mb < kMicrobatches; ++mb) {
+      step.emplace_back(torch::randn({5, 6}) * 3 + 1,
+                        torch::randint(0, 3, {5}, torch::kInt64));
+    }
+  }
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> ends;
+  for (const bool replica : {false, true}) {
+    BlockModules m;
+    m.block = std::dynamic_pointer_cast<nn::SequentialImpl>(proto->clone());
+    auto t = BlockTrainer::FromModules(options, m, sgd);
+    ASSERT_TRUE(t.ok()) << t.status();
+    if (replica) (*t)->SetReplicas(std::make_shared<Alone>(), {});
+    for (const auto& step : data) {
+      for (int mb = 0; mb < kMicrobatches; ++mb) {
+        ASSERT_TRUE(
+            (*t)->Forward(mb, step[mb].first, step[mb].second).status().ok());
+        ASSERT_TRUE((*t)->Backward(mb, {}).status().ok());
+      }
+      ASSERT_TRUE((*t)->Step(0.1).status().ok());
+    }
+    ends.push_back((*t)->NamedState());
+  }
+  ASSERT_EQ(ends[0].size(), ends[1].size());
+  for (size_t i = 0; i < ends[0].size(); ++i) {
+    EXPECT_TRUE(SameBits(ends[0][i].second, ends[1][i].second))
+        << ends[0][i].first;
+  }
+}
+
+TEST(Replicas, ForwardChecksTheMicroBatch) {
+  const Inputs in = MakeInputs(Parse(kResNet), 2);
+  auto t = BlockTrainer::Create(in.config, in.shape, 2);
+  ASSERT_TRUE(t.ok()) << t.status();
+  (*t)->SetReplicas(std::make_shared<Alone>(), TrainingSpec::ORDERED);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      (*t)->Forward(kMicrobatches, in.x[0][0], in.y[0][0]).status()));
+  ASSERT_TRUE((*t)->Forward(1, in.x[0][1], in.y[0][1]).status().ok());
+  ASSERT_TRUE((*t)->Backward(1, {}).status().ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      (*t)->Forward(1, in.x[0][1], in.y[0][1]).status()));
+  ASSERT_TRUE((*t)->Step(0.1).status().ok());
+  EXPECT_EQ((*t)->last_applied(), 1);
+  // A new step takes micro-batch 1 again.
+  EXPECT_TRUE((*t)->Forward(1, in.x[0][1], in.y[0][1]).status().ok());
 }
 
 TEST(Replicas, StoreServerPicksAFreePort) {
