@@ -36,6 +36,10 @@ struct GlooOptions {
 // requires the same calls in the same order on every member). Once a
 // reduction fails (a member gone, too slow), the group is broken: later
 // calls fail at once, and the members must join a new group (a new prefix).
+// A reduction that timed out may still be running inside Gloo and write
+// into its tensor later: after an error, treat that tensor as garbage.
+// Destroying the Collective waits for such an operation to end (bounded by
+// Gloo's own timeouts).
 absl::StatusOr<std::shared_ptr<Collective>> ConnectGloo(
     const GlooOptions& options);
 

@@ -176,8 +176,8 @@ void Replication::TakeGradients(int mb) {
     if (!g.defined()) continue;
     torch::Tensor dst = row.narrow(0, offsets_[j], params_[j].numel());
     const torch::Tensor src = g.reshape({-1});
-    // Two contributions of one micro-batch (a parameter reached from both
-    // the head and the block pass) add up as autograd would add them.
+    // A second contribution of the same micro-batch (a parameter shared by
+    // head and block, which our models never do) is added in place.
     if (flags[j]) {
       dst.add_(src.to(torch::kCPU));
     } else {
