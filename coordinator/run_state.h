@@ -40,11 +40,10 @@ class RunTimer {
 };
 
 struct RunState {
-  RunState(RunPlan p, LinkModel link, std::vector<int> replicas,
-           CoordinatorMetrics* metrics)
+  RunState(RunPlan p, LinkModel link, CoordinatorMetrics* metrics)
       : plan(std::move(p)),
         ledger(plan.steps(), plan.blocks(), plan.microbatches()),
-        clock(link, std::move(replicas)),
+        clock(link),
         records(plan, clock, metrics) {}
   // The records refer to the plan and the clock: the state stays in place.
   RunState(const RunState&) = delete;

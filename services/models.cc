@@ -11,7 +11,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "services/models_internal.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace {
@@ -347,14 +346,7 @@ std::vector<int64_t> TargetShape(const DataShape& shape) {
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> BlockOutputShapes(
     const ModelSpec& spec, const DataShape& shape) {
-  ASSIGN_OR_RETURN(ModelProbe probe,
-                   ProbeModel(spec, shape, /*with_heads=*/false));
-  return std::move(probe.output_shapes);
-}
-
-absl::StatusOr<ModelProbe> ProbeModel(const ModelSpec& spec,
-                                      const DataShape& shape, bool with_heads) {
-  auto blocks = BuildModel(spec, shape, with_heads, 0);
+  auto blocks = BuildModel(spec, shape, /*with_heads=*/false, 0);
   if (!blocks.ok()) return blocks.status();
   try {
     torch::NoGradGuard no_grad;
@@ -363,17 +355,11 @@ absl::StatusOr<ModelProbe> ProbeModel(const ModelSpec& spec,
     torch::Tensor x = shape.is_text
                           ? torch::zeros(dims, torch::dtype(torch::kInt64))
                           : torch::zeros(dims);
-    ModelProbe out;
+    std::vector<std::vector<int64_t>> out;
     for (auto& b : *blocks) {
       b.block->eval();
       x = b.block->forward(x);
-      out.output_shapes.emplace_back(x.sizes().begin() + 1, x.sizes().end());
-      int64_t count = 0;
-      for (const auto* part : {&b.block, &b.head}) {
-        if (!*part) continue;
-        for (const auto& p : (*part)->parameters()) count += p.numel();
-      }
-      out.trained_parameters.push_back(count);
+      out.emplace_back(x.sizes().begin() + 1, x.sizes().end());
     }
     return out;
   } catch (const std::exception& e) {
