@@ -221,7 +221,8 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
             (Keys{"name", "mode", "blocks", "n", "microbatches", "batch_size",
                   "seed", "steps", "skipped_steps", "wall_seconds",
                   "virtual_seconds", "mean_step_seconds", "utilisation",
-                  "busy_ratio", "eval", "digests", "digest", "accounting"}));
+                  "busy_ratio", "eval", "digests", "digest", "accounting",
+                  "replicas", "reduction"}));
   EXPECT_EQ(KeysOf(s.fields().at("mean_step_seconds").struct_value()),
             (Keys{"wall", "virtual"}));
   EXPECT_EQ(KeysOfFirst(s, "eval"),
@@ -239,7 +240,8 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
                       ->mutable_values()) {
     e.mutable_struct_value()->mutable_fields()->erase("perplexity");
   }
-  ExpectNumbers(numbers, {"name", "mode", "head", "params", "digest"},
+  ExpectNumbers(numbers,
+                {"name", "mode", "head", "params", "digest", "reduction"},
                 "summary");
 
   auto back = ReadSummary(path);
