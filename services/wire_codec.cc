@@ -19,8 +19,8 @@ namespace v1 = interlock::v1;
 using v1::WireSpec;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// The elements and shape of an fp32 tensor in a non-RAW encoding, with the
-// checks every codec shares: dtype, encoding, shape caps.
+// The shape and element count of an fp32 tensor in a compressed encoding,
+// with the checks every such codec shares: the run's encoding, shape caps.
 absl::Status CheckEncoded(const v1::Tensor& w, v1::Tensor::Encoding expected,
                           const std::string& what, const TensorLimits& limits,
                           std::vector<int64_t>* shape, int64_t* elements) {
