@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "analysis/checked_write.h"
@@ -84,10 +85,10 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir,
   for (size_t i = 0; i < runs.size(); ++i) {
     const ModeReport& r = runs[i];
     if (!r.status.ok()) continue;
-    const std::string name = r.mode.Dir();
+    const std::string name = r.Dir();
     // One colour per mode in every picture.
     const std::string style =
-        absl::StrFormat("lt %d title %s", i + 1, GnuplotQuote(r.mode.Label()));
+        absl::StrFormat("lt %d title %s", i + 1, GnuplotQuote(r.Label()));
     const std::string eval_file = absl::StrCat("plots/", name, ".eval.dat");
     std::string ev = absl::StrCat("# step wall_seconds virtual_seconds ",
                                   text ? "perplexity" : "accuracy_percent",
@@ -214,6 +215,16 @@ std::string Seconds(double s) { return absl::StrFormat("%.2f", s); }
 
 }  // namespace
 
+std::string ModeReport::Label() const {
+  return wire.empty() ? mode.Label() : absl::StrCat(mode.Label(), "/", wire);
+}
+
+std::string ModeReport::Dir() const {
+  return wire.empty() ? mode.Dir()
+                      : absl::StrCat(mode.Dir(), "-",
+                                     absl::StrReplaceAll(wire, {{":", "_"}}));
+}
+
 absl::Status ReadModeFiles(ModeReport& report) {
   auto summary = ReadSummary(report.dir + "/summary.json");
   if (!summary.ok()) return summary.status();
@@ -269,6 +280,9 @@ absl::Status WriteReport(const std::string& dir, const ReportHeader& header,
                   ", seed ", header.seed,
                   "; every mode sees the same data order)\n");
   absl::StrAppend(&md, "* Engine: ", header.engine, "\n");
+  if (!header.wire.empty()) {
+    absl::StrAppend(&md, "* Wire codecs: ", header.wire, "\n");
+  }
   absl::StrAppend(
       &md, "* Limit: ", header.limit, "\n",
       "* Evaluation on the test split: ", header.cadence, "\n",
@@ -295,13 +309,13 @@ absl::Status WriteReport(const std::string& dir, const ReportHeader& header,
   absl::StrAppend(&md, "\n");
   std::vector<std::string> failures;
   for (const ModeReport& r : runs) {
-    std::vector<std::string> row = {r.mode.Label()};
+    std::vector<std::string> row = {r.Label()};
     if (!r.status.ok()) {
       row.push_back(r.tried ? "failed" : "not run");
       row.resize(columns.size(), "-");
       if (r.tried) {
         failures.push_back(
-            absl::StrCat("* ", r.mode.Label(), ": ", r.status.message()));
+            absl::StrCat("* ", r.Label(), ": ", r.status.message()));
       }
     } else {
       const RunSummary& res = r.summary;
@@ -349,7 +363,7 @@ absl::Status WriteReport(const std::string& dir, const ReportHeader& header,
                   "\nEvery mode's run files (metrics.jsonl, eval.jsonl, "
                   "summary.json, profile.json, timeline) are in its folder: ");
   std::vector<std::string> dirs;
-  for (const ModeReport& r : runs) dirs.push_back("`" + r.mode.Dir() + "/`");
+  for (const ModeReport& r : runs) dirs.push_back("`" + r.Dir() + "/`");
   absl::StrAppend(&md, absl::StrJoin(dirs, ", "), ".\n");
 
   return WriteFileReplacing(dir + "/report.md", md);

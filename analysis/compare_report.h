@@ -16,15 +16,25 @@
 
 namespace interlock {
 
-// One mode of a comparison and what its run left.
+// One mode of a comparison (with its wire codecs, when the comparison
+// has several) and what its run left.
 struct ModeReport {
   ModeSpec mode;
+  // `compare --wire` entry ("bf16", "bf16:int8"); empty without --wire.
+  std::string wire;
   std::string dir;  // the run's --out folder
   bool tried = false;
   // OK once the run finished and its files were read.
   absl::Status status = absl::UnknownError("not run");
   interlock::v1::RunSummary summary;
   std::vector<interlock::v1::EvalLine> evals;  // eval.jsonl
+
+  // The row's name: the mode's label, "/" and the codecs with --wire
+  // ("2-way furthest/bf16").
+  std::string Label() const;
+  // Its folder under the comparison's: the mode's, "-" and the codecs
+  // with --wire ("2way-bf16", "2way-bf16_int8").
+  std::string Dir() const;
 };
 
 // Reads the summary and evaluations of a finished run from report.dir; the
@@ -41,6 +51,7 @@ struct ReportHeader {
   int microbatches = 0;
   uint64_t seed = 0;
   std::string engine;   // how the modes ran
+  std::string wire;     // which codecs the links used (empty: not said)
   std::string limit;    // steps and budgets
   std::string cadence;  // of evaluations
   LinkModel link;

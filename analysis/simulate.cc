@@ -170,6 +170,7 @@ absl::StatusOr<Profile> LoadProfile(const std::string& path) {
                    Counts(file, "down_bytes", f.down_bytes(), p.blocks - 1));
   ASSIGN_OR_RETURN(p.up_bytes,
                    Counts(file, "up_bytes", f.up_bytes(), p.blocks - 1));
+  p.wire = f.wire().empty() ? "fp32" : f.wire();
 
   if (!f.has_link()) return Missing(file, "link");
   const std::string link = file + ": link";
@@ -348,9 +349,9 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
   }
 
   out << absl::StrFormat(
-      "Profile %s: K=%d, M=%d, batch %d, %s; measured step %.4f s wall, %.4f "
-      "s virtual\n",
-      p.path, p.blocks, p.microbatches, p.batch_size, p.mode.Label(),
+      "Profile %s: K=%d, M=%d, batch %d, %s, wire %s; measured step %.4f s "
+      "wall, %.4f s virtual\n",
+      p.path, p.blocks, p.microbatches, p.batch_size, p.mode.Label(), p.wire,
       p.step_wall, p.step_virtual);
   out << absl::StrFormat(
       "Predicted for K=%d (%s), M=%d, link %.0f us + bytes / %.3g B/s; an "

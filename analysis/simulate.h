@@ -64,6 +64,9 @@ struct Profile {
   std::vector<int64_t> down_bytes;  // K-1
   std::vector<int64_t> up_bytes;    // K-1
   LinkModel link;
+  // The wire codecs the byte counts are of ("fp32", "bf16:int8"); empty in
+  // profiles from before codecs (fp32).
+  std::string wire;
   std::vector<BlockProfile> per_block;
   double step_wall = 0.0;
   double step_virtual = 0.0;

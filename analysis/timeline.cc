@@ -82,6 +82,7 @@ absl::Status WriteProfile(const PipelineSim& sim, const RunInfo& info,
   p.set_n(info.n);
   p.set_rule(info.sum_rule ? "sum" : "furthest");
   p.set_steps(steps);
+  p.set_wire(info.wire);
   p.set_input_bytes(static_cast<double>(sh.input_bytes));
   for (int64_t b : sh.down_bytes) p.add_down_bytes(static_cast<double>(b));
   for (int64_t b : sh.up_bytes) p.add_up_bytes(static_cast<double>(b));

@@ -19,6 +19,7 @@ struct RunInfo {
   int n = 1;
   bool sum_rule = false;
   int batch_size = 0;
+  std::string wire;  // RunProfile.wire
   int64_t steps = 0;
   double mean_step_wall = 0.0;
   double mean_step_virtual = 0.0;

@@ -83,6 +83,10 @@ ABSL_FLAG(double, link_bandwidth, 4.4e8,
 ABSL_FLAG(std::string, modes, "",
           "compare: modes to run, e.g. e2e,1,2,2sum (N: N-way FURTHEST, Nsum: "
           "N-way SUM)");
+ABSL_FLAG(std::string, wire, "",
+          "wire codecs (the config's wire): train: one of fp32, bf16, fp16, "
+          "int8, or ACTIVATIONS:GRADIENTS such as bf16:int8; compare: a "
+          "list of them, each run with every mode of --modes");
 ABSL_FLAG(std::string, profile, "",
           "simulate: a run's --out folder (its profile.json) or the file");
 ABSL_FLAG(int, blocks, 0,
@@ -128,7 +132,8 @@ std::set<std::string> g_given_flags;
 const char kUsage[] =
     "interlock train --config FILE [--mode e2e|interlock] [--n N] "
     "[--rule furthest|sum] [--steps N] [--epochs N] [--seed S] "
-    "[--threads-per-block T] [--schedule sequential|threaded] [--out DIR] "
+    "[--wire fp32|bf16|fp16|int8|A:G] [--threads-per-block T] [--schedule "
+    "sequential|threaded] [--out DIR] "
     "[--dump-params] [--engine inprocess|cluster] [--workers A1+A2,B,...] "
     "[--replicas 2,1,...] "
     "[--device cpu|cuda[:N][,...]] [--metrics-port P] [--budget T] "
@@ -138,7 +143,8 @@ const char kUsage[] =
     "[--checkpoint-dir DIR] [--keep-checkpoints N] [--resume DIR] "
     "[--recover-timeout 120s]\n"
     "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
-    "[--budget-virtual T | --budget T | --steps N] --out DIR "
+    "[--wire fp32,bf16,int8,...] [--budget-virtual T | --budget T | --steps N] "
+    "--out DIR "
     "[--engine inprocess|cluster] [--device D] [--seed S] "
     "[--threads-per-block T]\n"
     "  interlock simulate --profile DIR [--blocks K] [--n N|e2e] "

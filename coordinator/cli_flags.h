@@ -28,6 +28,7 @@ ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(absl::Duration, link_latency);
 ABSL_DECLARE_FLAG(double, link_bandwidth);
 ABSL_DECLARE_FLAG(std::string, modes);
+ABSL_DECLARE_FLAG(std::string, wire);
 ABSL_DECLARE_FLAG(std::string, profile);
 ABSL_DECLARE_FLAG(int, blocks);
 ABSL_DECLARE_FLAG(int, microbatches);

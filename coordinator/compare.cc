@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "analysis/compare_report.h"
 #include "analysis/simulate.h"
@@ -16,6 +17,7 @@
 #include "services/data.h"
 #include "services/models.h"
 #include "services/status_macros.h"
+#include "services/wire_codec.h"
 
 namespace interlock {
 namespace {
@@ -27,9 +29,19 @@ using interlock::v1::TrainingSpec;
 constexpr int64_t kEvalPoints = 10;
 // Steps of the run that predicts each mode's step count under a budget.
 constexpr int64_t kCalibrationSteps = 6;
-RunConfig ConfigFor(const RunConfig& base, const ModeSpec& mode,
+// One run of the comparison: a mode with the wire codecs it uses.
+struct Variant {
+  ModeSpec mode;
+  v1::WireSpec wire;
+  std::string wire_name;  // as --wire named it; empty without --wire
+};
+
+RunConfig ConfigFor(const RunConfig& base, const Variant& v,
                     const CompareOptions& o, int64_t eval_every) {
   RunConfig c = base;
+  *c.mutable_wire() = v.wire;
+  ApplyDefaults(c);  // the codecs' canonical form
+  const ModeSpec& mode = v.mode;
   auto* t = c.mutable_training();
   t->set_mode(mode.e2e ? TrainingSpec::E2E : TrainingSpec::INTERLOCK);
   if (!mode.e2e) {
@@ -59,11 +71,36 @@ bool HasBudget(const TrainOptions& t) {
          t.budget.virtual_time > absl::ZeroDuration();
 }
 
-// Predicts how many steps each mode does within the budgets, from a short
-// run of the first mode and the simulator. Empty when that fails; `note`
-// says what was done.
+// Bytes an fp32 value takes in `codec` (with its int8 block size).
+double BytesPerValue(v1::WireSpec::Codec codec, int int8_block_size) {
+  constexpr int64_t kValues = 1 << 20;
+  auto c = CodecFor(codec, int8_block_size);
+  return c.ok() ? static_cast<double>(
+                      (*c)->MaxEncodedBytes(torch::kFloat32, kValues)) /
+                      kValues
+                : 4.0;
+}
+
+// `profile`, measured with `from`'s codecs, with its message sizes scaled
+// to `to`'s (targets and token ids, which no codec changes, are scaled too:
+// close enough for an evaluation cadence).
+Profile WithCodecs(Profile p, const v1::WireSpec& from,
+                   const v1::WireSpec& to) {
+  const double down = BytesPerValue(to.activations(), to.int8_block_size()) /
+                      BytesPerValue(from.activations(), from.int8_block_size());
+  const double up = BytesPerValue(to.gradients(), to.int8_block_size()) /
+                    BytesPerValue(from.gradients(), from.int8_block_size());
+  p.input_bytes = std::llround(p.input_bytes * down);
+  for (auto& b : p.down_bytes) b = std::llround(b * down);
+  for (auto& b : p.up_bytes) b = std::llround(b * up);
+  return p;
+}
+
+// Predicts how many steps each run does within the budgets, from a short
+// run of the first and the simulator. Empty when that fails; `note` says
+// what was done.
 std::vector<int64_t> PredictSteps(const RunConfig& config,
-                                  const std::vector<ModeSpec>& modes,
+                                  const std::vector<Variant>& runs,
                                   const CompareOptions& o, int64_t total,
                                   std::string* note) {
   TrainOptions t = o.train;
@@ -71,11 +108,11 @@ std::vector<int64_t> PredictSteps(const RunConfig& config,
   t.output.quiet = true;
   t.budget.wall = t.budget.virtual_time = absl::ZeroDuration();
   t.output.metrics_port = -1;
-  RunConfig c = ConfigFor(config, modes[0], o, 0);
+  RunConfig c = ConfigFor(config, runs[0], o, 0);
   c.mutable_training()->set_steps(std::min(kCalibrationSteps, total));
   *o.train.output.log
       << "calibrating: " << c.training().steps() << " steps of "
-      << modes[0].Label()
+      << runs[0].mode.Label()
       << " to predict every mode's steps for the evaluation cadence\n";
   auto run = Train(c, t);
   auto profile = run.ok() ? LoadProfile(t.output.out_dir) : run.status();
@@ -91,17 +128,18 @@ std::vector<int64_t> PredictSteps(const RunConfig& config,
   const bool serial = o.train.engine.kind == EngineKind::kInProcess &&
                       o.train.engine.schedule == Schedule::kSequential;
   const double cores = std::max(1u, std::thread::hardware_concurrency());
-  // Predicted virtual and wall step time of a mode.
-  auto predict = [&](const ModeSpec& m) {
-    const SimResult s = PredictMode(*profile, profile->blocks,
-                                    profile->microbatches, o.train.link, m);
+  // Predicted virtual and wall step time of a run.
+  auto predict = [&](const Variant& v) {
+    const SimResult s =
+        PredictMode(WithCodecs(*profile, runs[0].wire, v.wire), profile->blocks,
+                    profile->microbatches, o.train.link, v.mode);
     const double busy = s.utilisation * profile->blocks * s.step_seconds;
     return std::make_pair(
         s.step_seconds, serial ? busy : std::max(s.step_seconds, busy / cores));
   };
   // The profile's means include the first step's start-up; the run's means
   // after it put the predictions back on scale.
-  const auto [first_virtual, first_wall] = predict(modes[0]);
+  const auto [first_virtual, first_wall] = predict(runs[0]);
   const double scale_virtual = first_virtual > 0 && run->mean_step_virtual > 0
                                    ? run->mean_step_virtual / first_virtual
                                    : 1.0;
@@ -111,8 +149,8 @@ std::vector<int64_t> PredictSteps(const RunConfig& config,
   const double bv = absl::ToDoubleSeconds(o.train.budget.virtual_time);
   const double bw = absl::ToDoubleSeconds(o.train.budget.wall);
   std::vector<int64_t> out;
-  for (const ModeSpec& m : modes) {
-    const auto [step_virtual, step_wall] = predict(m);
+  for (const Variant& v : runs) {
+    const auto [step_virtual, step_wall] = predict(v);
     int64_t expected = total;
     if (bv > 0 && step_virtual > 0) {
       expected = std::min<int64_t>(
@@ -128,7 +166,7 @@ std::vector<int64_t> PredictSteps(const RunConfig& config,
       "about ", kEvalPoints,
       " evaluations per mode, at a cadence set from each mode's step count "
       "predicted by `interlock simulate` on a ",
-      kCalibrationSteps, "-step calibration run of ", modes[0].Label());
+      kCalibrationSteps, "-step calibration run of ", runs[0].mode.Label());
   return out;
 }
 
@@ -190,37 +228,64 @@ int CompareMain(const CompareOptions& o) {
   if (!blocks.ok()) return fail(blocks.status().message(), 1);
   auto modes = ParseModes(o.modes, *blocks);
   if (!modes.ok()) return fail(modes.status().message(), 2);
+  // Every mode with each codec pair of --wire (mode-major, so a mode's
+  // variants sit together in the table), or with the config's.
+  std::vector<Variant> variants;
+  std::vector<std::string> wire_names;
+  if (!o.wire.empty()) {
+    wire_names = absl::StrSplit(o.wire, ',');
+  }
+  std::vector<v1::WireSpec> wires;
+  for (const std::string& name : wire_names) {
+    v1::WireSpec w = config.wire();
+    if (auto st = ParseWireName(name, &w); !st.ok()) {
+      return fail(absl::StrCat("--wire: ", st.message()), 2);
+    }
+    for (const v1::WireSpec& seen : wires) {
+      if (WireName(seen) == WireName(w)) {
+        return fail(absl::StrCat("--wire: ", name, " is listed twice"), 2);
+      }
+    }
+    wires.push_back(w);
+  }
+  for (const ModeSpec& mode : *modes) {
+    if (wires.empty()) variants.push_back({mode, config.wire(), ""});
+    for (size_t i = 0; i < wires.size(); ++i) {
+      variants.push_back({mode, wires[i], WireName(wires[i])});
+    }
+  }
   // One compare per folder: its runs' folders are locked by Train, the
   // report and plots by this.
   auto lock = FolderLock::Acquire(o.out_dir, "--out");
   if (!lock.ok()) return fail(lock.status().message(), 1);
 
-  // Evaluation cadence: the config's, else about kEvalPoints per mode.
-  std::vector<int64_t> every(modes->size(),
+  // Evaluation cadence: the config's, else about kEvalPoints per run.
+  std::vector<int64_t> every(variants.size(),
                              config.training().eval_every_steps());
   std::string cadence =
       absl::StrCat("every ", config.training().eval_every_steps(),
                    " steps (the config's eval_every_steps) and at the end");
   if (config.training().eval_every_steps() <= 0) {
-    auto total = TotalSteps(ConfigFor(config, (*modes)[0], o, 0));
+    auto total = TotalSteps(ConfigFor(config, variants[0], o, 0));
     if (!total.ok()) return fail(total.status().message(), 1);
     std::vector<int64_t> expected;
     if (HasBudget(o.train)) {
-      expected = PredictSteps(config, *modes, o, *total, &cadence);
+      expected = PredictSteps(config, variants, o, *total, &cadence);
     } else {
       cadence = absl::StrCat("about ", kEvalPoints, " evaluations per mode");
     }
-    for (size_t i = 0; i < modes->size(); ++i) {
+    for (size_t i = 0; i < variants.size(); ++i) {
       const int64_t steps = expected.empty() ? *total : expected[i];
       every[i] = std::max<int64_t>(1, steps / kEvalPoints);
     }
   }
 
   std::vector<ModeReport> runs;
-  for (const ModeSpec& mode : *modes) {
+  for (const Variant& v : variants) {
     ModeReport r;
-    r.mode = mode;
-    r.dir = o.out_dir + "/" + mode.Dir();
+    r.mode = v.mode;
+    r.wire = v.wire_name;
+    r.dir = o.out_dir + "/" + r.Dir();
     runs.push_back(std::move(r));
   }
   bool failed = false;
@@ -231,11 +296,11 @@ int CompareMain(const CompareOptions& o) {
     TrainOptions t = o.train;
     t.output.out_dir = r.dir;
     t.output.progress_label = label;
-    log << label << " " << r.mode.Label() << " -> " << r.dir
-        << " (evaluating every " << every[i] << " steps)\n";
+    log << label << " " << r.Label() << " -> " << r.dir << " (evaluating every "
+        << every[i] << " steps)\n";
     r.tried = true;
     // The report is made from the files the run wrote.
-    auto result = Train(ConfigFor(config, r.mode, o, every[i]), t);
+    auto result = Train(ConfigFor(config, variants[i], o, every[i]), t);
     r.status = result.ok() ? ReadModeFiles(r) : result.status();
     if (o.interrupted != nullptr && o.interrupted->load()) {
       interrupted = true;
@@ -243,12 +308,12 @@ int CompareMain(const CompareOptions& o) {
     }
     if (!r.status.ok()) {
       failed = true;
-      log << label << " " << r.mode.Label() << " failed: " << r.status.message()
+      log << label << " " << r.Label() << " failed: " << r.status.message()
           << "\n";
       continue;
     }
     const v1::HeadMetrics* h = FinalHead(r.summary);
-    log << label << " " << r.mode.Label() << ": " << result->steps << " steps, "
+    log << label << " " << r.Label() << ": " << result->steps << " steps, "
         << Seconds(result->wall_seconds) << " s wall, "
         << Seconds(result->virtual_seconds) << " s virtual"
         << (h ? absl::StrCat("; final head ", FormatMetric(*h, IsText(runs)))
@@ -269,6 +334,13 @@ int CompareMain(const CompareOptions& o) {
   header.seed =
       o.seed >= 0 ? static_cast<uint64_t>(o.seed) : config.training().seed();
   header.engine = EngineText(o.train);
+  header.wire =
+      wires.empty()
+          ? absl::StrCat(WireName(config.wire()), " (the config's)")
+          : absl::StrCat(
+                absl::StrJoin(wire_names, ", "),
+                " (--wire: every mode with each; a:b is activations a, "
+                "gradients b), rows named mode/codecs");
   header.limit = LimitText(o, config);
   header.cadence = cadence;
   header.link = o.train.link;

@@ -1,5 +1,6 @@
 // `interlock compare`: trains several modes of one config on the same data
-// order and seed, each into DIR/<mode>/, then has the report and plots
+// order and seed, each into DIR/<mode>/ (with several wire codecs, every
+// mode with each: DIR/<mode>-<codecs>/), then has the report and plots
 // written from their run files (analysis/compare_report.h).
 #ifndef INTERLOCK_COORDINATOR_COMPARE_H_
 #define INTERLOCK_COORDINATOR_COMPARE_H_
@@ -16,6 +17,9 @@ namespace interlock {
 struct CompareOptions {
   std::string config_path;
   std::string modes;  // "e2e,1,2,2sum" (see ParseModes)
+  // Wire codecs, each run with every mode: "fp32,bf16,int8" (see
+  // ParseWireName); empty: the config's codecs, and rows named by mode only.
+  std::string wire;
   std::string out_dir;
   int64_t steps = -1;  // >= 0 overrides the config's steps
   int64_t seed = -1;   // >= 0 overrides the config's seed

@@ -110,7 +110,8 @@ class InProcessEngine : public Engine {
   absl::StatusOr<std::vector<HeadEval>> Evaluate(
       const torch::Tensor& input, const torch::Tensor& target) override {
     std::vector<HeadEval> out;
-    EvalMsg msg{0, input, target, false};
+    // Block 0's input crosses the coordinator's link, as on a cluster.
+    EvalMsg msg{0, codec_.TransferActivation(input), target, false};
     for (auto& host : hosts_) {
       const int k = host->driver()->trainer().options().block;
       absl::StatusOr<EvalResult> r;

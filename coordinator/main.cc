@@ -23,6 +23,7 @@
 #include "coordinator/train.h"
 #include "services/config.h"
 #include "services/runtime.h"
+#include "services/wire_codec.h"
 
 namespace {
 
@@ -123,6 +124,12 @@ int RunTrain() {
   if (Given(FLAGS_threads_per_block)) {
     t->set_threads_per_block(absl::GetFlag(FLAGS_threads_per_block));
   }
+  if (const std::string wire = absl::GetFlag(FLAGS_wire); !wire.empty()) {
+    if (auto s = interlock::ParseWireName(wire, config.mutable_wire());
+        !s.ok()) {
+      return Fail(absl::StrCat("--wire: ", s.message()), 2);
+    }
+  }
   interlock::TrainOptions options;
   if (int code = TrainOptionsForRun(options); code != 0) return code;
   options.checkpoints.every = absl::GetFlag(FLAGS_checkpoint_every);
@@ -187,6 +194,7 @@ int RunCompare() {
   interlock::CompareOptions o;
   o.config_path = absl::GetFlag(FLAGS_config);
   o.modes = absl::GetFlag(FLAGS_modes);
+  o.wire = absl::GetFlag(FLAGS_wire);
   o.out_dir = absl::GetFlag(FLAGS_out);
   o.steps = absl::GetFlag(FLAGS_steps);
   o.seed = absl::GetFlag(FLAGS_seed);

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "services/status_macros.h"
+#include "services/wire_codec.h"
 
 namespace interlock {
 
@@ -104,11 +105,26 @@ absl::Status CheckSameRun(const v1::CheckpointManifest& manifest,
   // One line per difference, prefixed "modified:", "added:" or "deleted:".
   std::vector<std::string> lines =
       absl::StrSplit(report, '\n', absl::SkipEmpty());
+  // The codecs change what every block receives: say so in words.
+  std::string codecs;
+  const v1::WireSpec& was = manifest.config().wire();
+  const v1::WireSpec& now = config.wire();
+  if (!google::protobuf::util::MessageDifferencer::Equals(was, now)) {
+    auto words = [](const v1::WireSpec& w) {
+      std::string s = absl::StrCat("activations ", CodecName(w.activations()),
+                                   ", gradients ", CodecName(w.gradients()));
+      if (w.int8_block_size() > 0) {
+        absl::StrAppend(&s, ", int8 blocks of ", w.int8_block_size());
+      }
+      return s;
+    };
+    codecs = absl::StrCat(": its wire codecs (", words(was),
+                          ") are not this run's (", words(now), ")");
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       "the checkpoint in ", where,
-      " belongs to a run with a different configuration (checkpoint -> "
-      "now: ",
-      absl::StrJoin(lines, "; "),
+      " belongs to a run with a different configuration", codecs,
+      " (checkpoint -> now: ", absl::StrJoin(lines, "; "),
       "); resume with the same configuration, or use another --out or "
       "--checkpoint-dir"));
 }

@@ -6,6 +6,7 @@
 #include "analysis/timeline.h"
 #include "services/digest.h"
 #include "services/status_macros.h"
+#include "services/wire_codec.h"
 
 namespace interlock {
 namespace {
@@ -57,6 +58,7 @@ RunSummary SummaryOf(const v1::RunConfig& config, const std::string& mode,
     d->set_head(r.head_digests[k]);
   }
   s.set_digest(r.digest);
+  s.set_wire(WireName(config.wire()));
   const Accounting& a = r.accounting;
   v1::RunAccounting* out = s.mutable_accounting();
   out->set_microbatches_per_step(Count(a.microbatches_per_step));
@@ -148,6 +150,7 @@ absl::Status WriteRunFiles(const v1::RunConfig& config, const TrainResult& r,
   info.n = t.n();
   info.sum_rule = t.rule() == v1::TrainingSpec::SUM;
   info.batch_size = t.batch_size();
+  info.wire = WireName(config.wire());
   info.steps = r.steps - clock.base();
   info.mean_step_wall = r.mean_step_wall;
   info.mean_step_virtual = r.mean_step_virtual;

@@ -65,12 +65,13 @@ class Runner {
                                      resume.pending_records));
     s_.ledger.accounting().microbatches_replayed +=
         dropped * plan.microbatches();
-    Progress progress(o_.output.log, o_.output.progress_bar, o_.output.quiet,
-                      plan.steps(),
-                      absl::StrCat(o_.output.progress_label.empty()
-                                       ? ""
-                                       : o_.output.progress_label + " ",
-                                   c_.name(), " ", ModeName(c_)));
+    Progress progress(
+        o_.output.log, o_.output.progress_bar, o_.output.quiet, plan.steps(),
+        absl::StrCat(
+            o_.output.progress_label.empty() ? ""
+                                             : o_.output.progress_label + " ",
+            c_.name(), " ", ModeName(c_),
+            c_.has_wire() ? absl::StrCat(" wire ", WireName(c_.wire())) : ""));
     s_.records.SetProgress(&progress);
     s_.timer.Start(resume.wall_seconds);
     if (metrics_) {

@@ -7,8 +7,6 @@
 
 namespace interlock {
 
-namespace v1 = interlock::v1;
-
 StateChunker::StateChunker(const BlockStateArchive* header,
                            const std::string* bytes, int64_t chunk_bytes)
     : state_(header),

@@ -8,8 +8,6 @@
 
 namespace interlock {
 
-namespace v1 = interlock::v1;
-
 WorkerClient::WorkerClient(const std::string& name, std::string address,
                            int64_t max_message_bytes,
                            const TransportSecurity& security)

@@ -14,6 +14,7 @@
 #include "services/models.h"
 #include "services/optim.h"
 #include "services/status_macros.h"
+#include "services/wire_codec.h"
 
 namespace interlock {
 namespace {
@@ -83,6 +84,28 @@ void ApplyDefaults(RunConfig& c) {
     s->set_kind(interlock::v1::ScheduleSpec::CONSTANT);
   }
   if (s->lr() == 0) s->set_lr(0.1f);
+  // The codecs in one form, so configs compare equal (a checkpoint's and a
+  // resume's) exactly when their codecs are: FP32 unset, the int8 block
+  // size only where int8 is used, and no wire at all for FP32 both ways,
+  // as in configs written before there were codecs.
+  using interlock::v1::WireSpec;
+  auto* w = c.mutable_wire();
+  if (w->activations() == WireSpec::FP32) {
+    w->set_activations(WireSpec::CODEC_UNSPECIFIED);
+  }
+  if (w->gradients() == WireSpec::FP32) {
+    w->set_gradients(WireSpec::CODEC_UNSPECIFIED);
+  }
+  if (w->activations() != WireSpec::INT8_BLOCKWISE &&
+      w->gradients() != WireSpec::INT8_BLOCKWISE) {
+    w->set_int8_block_size(0);
+  } else if (w->int8_block_size() == 0) {
+    w->set_int8_block_size(kDefaultInt8BlockSize);
+  }
+  if (w->activations() == WireSpec::CODEC_UNSPECIFIED &&
+      w->gradients() == WireSpec::CODEC_UNSPECIFIED) {
+    c.clear_wire();
+  }
 }
 
 absl::Status CheckLearningRate(double lr, const std::string& what) {
@@ -174,6 +197,15 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
     }
   }
   RETURN_IF_ERROR(ValidateSchedule(c.schedule()));
+  for (const auto& [field, codec] :
+       {std::make_pair("wire.activations", c.wire().activations()),
+        std::make_pair("wire.gradients", c.wire().gradients())}) {
+    auto built = CodecFor(codec, c.wire().int8_block_size());
+    if (!built.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", built.status().message()));
+    }
+  }
   if (c.model().has_transformer() &&
       c.data().kind() != interlock::v1::DataSpec::TEXT &&
       c.data().kind() != interlock::v1::DataSpec::SYNTHETIC_TEXT) {

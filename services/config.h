@@ -16,7 +16,8 @@ absl::StatusOr<interlock::v1::RunConfig> ParseRunConfig(
 absl::StatusOr<interlock::v1::RunConfig> LoadRunConfig(const std::string& path);
 
 // Fills unset fields with their defaults (mode INTERLOCK, n 2, rule FURTHEST,
-// M 1, SGD, constant rate 0.1, batch 64, one epoch, threads 1).
+// M 1, SGD, constant rate 0.1, batch 64, one epoch, threads 1) and writes
+// the wire codecs in one canonical form (FP32 as unset, see config.cc).
 void ApplyDefaults(interlock::v1::RunConfig& config);
 
 // Checks everything that can be checked without data: n within 1..K, the

@@ -14,6 +14,7 @@
 #include "services/replication.h"
 #include "services/status_macros.h"
 #include "services/torch_guard.h"
+#include "services/wire_codec.h"
 
 namespace interlock {
 namespace {
@@ -81,6 +82,8 @@ TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
   o.skip_nonfinite =
       t.nonfinite_policy() == interlock::v1::TrainingSpec::SKIP_STEP;
   o.compute_unused = t.compute_unused_gradients();
+  o.output_range = WireRange(config.wire().activations());
+  o.upstream_range = WireRange(config.wire().gradients());
   return o;
 }
 
@@ -157,6 +160,24 @@ bool AllFinite(const torch::Tensor& t) {
          torch::isfinite(t).all().item<bool>();
 }
 
+bool AllWithin(const torch::Tensor& t, float range) {
+  if (std::isinf(range)) return AllFinite(t);
+  // NaN compares false, so it is caught too.
+  return !t.defined() || !t.is_floating_point() || t.numel() == 0 ||
+         (t.abs() < range).all().item<bool>();
+}
+
+namespace {
+
+// What a value failing AllWithin(t, range) is, for the policy's error.
+std::string NotCarried(float range, const char* field) {
+  if (std::isinf(range)) return "is not finite";
+  return absl::StrCat("is not finite or reaches ", range,
+                      " in magnitude, beyond the range of ", field);
+}
+
+}  // namespace
+
 absl::Status BlockTrainer::OnNonFinite(const std::string& what) {
   ++nonfinite_count_;
   if (!options_.skip_nonfinite) {
@@ -170,10 +191,11 @@ absl::Status BlockTrainer::OnNonFinite(const std::string& what) {
 
 absl::StatusOr<bool> BlockTrainer::CheckUpstream(int mb, int i, bool marked,
                                                  torch::Tensor& grad) {
-  if (!marked && AllFinite(grad)) return false;
+  if (!marked && AllWithin(grad, options_.upstream_range)) return false;
   if (!marked) {
-    RETURN_IF_ERROR(OnNonFinite(absl::StrCat(
-        "micro-batch ", mb, ": upstream gradient ", i, " is not finite")));
+    RETURN_IF_ERROR(OnNonFinite(
+        absl::StrCat("micro-batch ", mb, ": upstream gradient ", i, " ",
+                     NotCarried(options_.upstream_range, "wire.gradients"))));
   }
   grad = torch::zeros_like(grad);
   return true;
@@ -259,9 +281,10 @@ absl::StatusOr<ForwardResult> BlockTrainer::Forward(
     p.input_nonfinite = input_nonfinite;
     if (input_nonfinite) skip_step_ = true;
     r.output_nonfinite = input_nonfinite;
-    if (!input_nonfinite && !AllFinite(p.output)) {
+    if (!input_nonfinite && !AllWithin(p.output, SentRange())) {
       RETURN_IF_ERROR(OnNonFinite(
-          absl::StrCat("micro-batch ", mb, ": output is not finite")));
+          absl::StrCat("micro-batch ", mb, ": output ",
+                       NotCarried(SentRange(), "wire.activations"))));
       r.output_nonfinite = true;
     }
 
@@ -480,7 +503,7 @@ absl::StatusOr<EvalResult> BlockTrainer::Evaluate(
       r.correct.push_back(input_nonfinite ? 0 : Hits(logits, target));
     }
     r.count = target.numel();
-    r.output_nonfinite = input_nonfinite || !AllFinite(r.output);
+    r.output_nonfinite = input_nonfinite || !AllWithin(r.output, SentRange());
     if (r.output_nonfinite) r.output = torch::zeros_like(r.output);
     modules_.block->train();
     if (modules_.head) modules_.head->train();

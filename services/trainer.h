@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,6 +38,12 @@ struct TrainerOptions {
   bool skip_nonfinite = false;
   // training.compute_unused_gradients (GradientLists::compute_unused).
   bool compute_unused = false;
+  // What the wire codecs carry (TensorCodec::range of wire.activations and
+  // wire.gradients): an output sent down or a gradient sent up with a value
+  // of this magnitude or more counts as non-finite, as it would reach the
+  // next block as one. Infinity (FP32): only NaN and infinities do.
+  float output_range = std::numeric_limits<float>::infinity();
+  float upstream_range = std::numeric_limits<float>::infinity();
   // Where the block, its head and everything they compute live (the
   // process's choice, not the config's: services/device.h).
   c10::Device device = c10::Device(c10::kCPU);
@@ -131,6 +138,12 @@ class BlockTrainer {
   const TrainerOptions& options() const { return options_; }
   const c10::Device& device() const { return options_.device; }
   bool is_last() const { return options_.block + 1 == options_.num_blocks; }
+  // What the block's output must stay below in magnitude: the activations
+  // codec's range, unless nothing is sent down.
+  float SentRange() const {
+    return is_last() ? std::numeric_limits<float>::infinity()
+                     : options_.output_range;
+  }
   // Whether Backward needs gradients from the next block.
   bool NeedsDownstream() const;
   // How many gradient tensors the next block sends up (0 if none).
@@ -268,6 +281,9 @@ class BlockTrainer {
 
 // Whether every value of a floating-point tensor is finite.
 bool AllFinite(const torch::Tensor& t);
+// Whether every value of a floating-point tensor is below `range` in
+// magnitude (AllFinite for an infinite range).
+bool AllWithin(const torch::Tensor& t, float range);
 
 // Cross-entropy over the last dimension (any leading shape), mean reduction.
 torch::Tensor CrossEntropy(const torch::Tensor& logits,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/status_macros.h"
 
 namespace interlock {
 namespace {
@@ -59,12 +60,44 @@ std::string ShapeString(c10::IntArrayRef s) {
 void EncodeTensor(const torch::Tensor& t_in, WireTensor* out) {
   // x86-64 and aarch64 are little-endian, the wire order.
   const torch::Tensor t = t_in.detach().cpu().contiguous();
+  out->Clear();
   out->set_dtype(ToWire(t.scalar_type()));
-  out->clear_shape();
   for (int64_t d : t.sizes()) out->add_shape(d);
   // One copy: set_data(ptr, n) would build a temporary string first.
   out->mutable_data()->assign(static_cast<const char*>(t.data_ptr()),
                               t.numel() * t.element_size());
+}
+
+std::string EncodingText(WireTensor::Encoding e) {
+  const std::string& name = WireTensor::Encoding_Name(e);
+  return name.empty() ? absl::StrCat(static_cast<int>(e), " (unknown)") : name;
+}
+
+absl::Status CheckWireShape(const WireTensor& w, const std::string& what,
+                            const TensorLimits& limits,
+                            std::vector<int64_t>* shape, int64_t* elements) {
+  if (w.shape_size() > limits.max_rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", w.shape_size(), " exceeds the limit ",
+                     limits.max_rank));
+  }
+  int64_t n = 1;
+  shape->clear();
+  for (int i = 0; i < w.shape_size(); ++i) {
+    const int64_t d = w.shape(i);
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dimension ", i, " is negative (", d, ")"));
+    }
+    if (d > 0 && n > limits.max_elements / d) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": element count overflows the limit ", limits.max_elements));
+    }
+    n *= d;
+    shape->push_back(d);
+  }
+  *elements = n;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
@@ -75,26 +108,17 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": unknown dtype ", static_cast<int>(w.dtype())));
   }
-  if (w.shape_size() > limits.max_rank) {
+  if (w.encoding() != WireTensor::RAW) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": encoding ", EncodingText(w.encoding()), ", expected RAW"));
+  }
+  if (w.block_size() != 0 || !w.scales().empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": rank ", w.shape_size(), " exceeds the limit ",
-                     limits.max_rank));
+        absl::StrCat(what, ": a RAW tensor with a block size or scales"));
   }
-  int64_t elements = 1;
   std::vector<int64_t> shape;
-  for (int i = 0; i < w.shape_size(); ++i) {
-    const int64_t d = w.shape(i);
-    if (d < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": dimension ", i, " is negative (", d, ")"));
-    }
-    if (d > 0 && elements > limits.max_elements / d) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": element count overflows the limit ", limits.max_elements));
-    }
-    elements *= d;
-    shape.push_back(d);
-  }
+  int64_t elements = 0;
+  RETURN_IF_ERROR(CheckWireShape(w, what, limits, &shape, &elements));
   const int64_t item = static_cast<int64_t>(c10::elementSize(type));
   const int64_t bytes = elements * item;
   if (static_cast<int64_t>(w.data().size()) != bytes) {

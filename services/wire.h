@@ -24,12 +24,22 @@ struct TensorLimits {
 // little-endian, from a CPU copy.
 void EncodeTensor(const torch::Tensor& t, interlock::v1::Tensor* out);
 
-// Decodes with every check: known dtype, rank and element caps, non-negative
-// dimensions, element-count overflow, byte length = elements x item size.
-// Errors are INVALID_ARGUMENT naming `what`.
+// Decodes a RAW tensor with every check: known dtype, RAW encoding without
+// codec fields, rank and element caps, non-negative dimensions,
+// element-count overflow, byte length = elements x item size. Errors are
+// INVALID_ARGUMENT naming `what`.
 absl::StatusOr<torch::Tensor> DecodeTensor(const interlock::v1::Tensor& t,
                                            const std::string& what,
                                            const TensorLimits& limits = {});
+
+// An encoding's name, or its number for an unknown one.
+std::string EncodingText(interlock::v1::Tensor::Encoding e);
+
+// The shape checks of DecodeTensor alone (rank and element caps,
+// non-negative dimensions, overflow): the shape and its element count.
+absl::Status CheckWireShape(const interlock::v1::Tensor& t,
+                            const std::string& what, const TensorLimits& limits,
+                            std::vector<int64_t>* shape, int64_t* elements);
 
 // Checks dtype and exact shape; INVALID_ARGUMENT naming `what` otherwise.
 absl::Status ExpectTensor(const torch::Tensor& t, torch::ScalarType dtype,

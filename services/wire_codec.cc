@@ -1,7 +1,11 @@
 #include "services/wire_codec.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/models.h"
@@ -11,6 +15,30 @@ namespace interlock {
 namespace {
 
 namespace v1 = interlock::v1;
+
+using v1::WireSpec;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// The shape and element count of an fp32 tensor in a compressed encoding,
+// with the checks every such codec shares: the run's encoding, shape caps.
+absl::Status CheckEncoded(const v1::Tensor& w, v1::Tensor::Encoding expected,
+                          const std::string& what, const TensorLimits& limits,
+                          std::vector<int64_t>* shape, int64_t* elements) {
+  if (w.encoding() != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": encoding ", EncodingText(w.encoding()),
+                     ", the run's codec is ", EncodingText(expected)));
+  }
+  return CheckWireShape(w, what, limits, shape, elements);
+}
+
+void SetEncodedHeader(const torch::Tensor& t, v1::Tensor::Encoding encoding,
+                      v1::Tensor* out) {
+  out->Clear();
+  out->set_dtype(v1::Tensor::FLOAT32);
+  for (int64_t d : t.sizes()) out->add_shape(d);
+  out->set_encoding(encoding);
+}
 
 class Fp32TensorCodec final : public TensorCodec {
  public:
@@ -29,7 +57,207 @@ class Fp32TensorCodec final : public TensorCodec {
                           int64_t elements) const override {
     return elements * static_cast<int64_t>(c10::elementSize(dtype));
   }
+  float range() const override { return kInf; }
 };
+
+// bf16 or fp16: LibTorch's conversion (round to nearest even) both when
+// encoding and in Transfer, and the exact widening back, so both give the
+// receiver the same bits.
+class HalfTensorCodec final : public TensorCodec {
+ public:
+  HalfTensorCodec(const char* name, torch::ScalarType half,
+                  v1::Tensor::Encoding encoding, float range)
+      : name_(name), half_(half), encoding_(encoding), range_(range) {}
+  absl::string_view name() const override { return name_; }
+  void Encode(const torch::Tensor& t, v1::Tensor* out) const override {
+    if (t.scalar_type() != torch::kFloat32) return EncodeTensor(t, out);
+    const torch::Tensor h = t.detach().cpu().to(half_).contiguous();
+    SetEncodedHeader(h, encoding_, out);
+    out->mutable_data()->assign(static_cast<const char*>(h.data_ptr()),
+                                h.numel() * h.element_size());
+  }
+  absl::StatusOr<torch::Tensor> Decode(
+      const v1::Tensor& w, const std::string& what,
+      const TensorLimits& limits) const override {
+    if (w.dtype() != v1::Tensor::FLOAT32) return DecodeTensor(w, what, limits);
+    std::vector<int64_t> shape;
+    int64_t elements = 0;
+    RETURN_IF_ERROR(
+        CheckEncoded(w, encoding_, what, limits, &shape, &elements));
+    if (w.block_size() != 0 || !w.scales().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": a ", name_, " tensor with an int8 block size or scales"));
+    }
+    const int64_t bytes = elements * 2;
+    if (static_cast<int64_t>(w.data().size()) != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", w.data().size(), " data bytes, expected ", bytes, " (",
+          elements, " ", name_, " values of 2 bytes)"));
+    }
+    torch::Tensor h = torch::empty(shape, torch::dtype(half_));
+    if (bytes > 0) std::memcpy(h.data_ptr(), w.data().data(), bytes);
+    return h.to(torch::kFloat32);
+  }
+  torch::Tensor Transfer(torch::Tensor t) const override {
+    if (t.scalar_type() != torch::kFloat32) return t;
+    return t.detach().to(half_).to(torch::kFloat32);
+  }
+  int64_t MaxEncodedBytes(torch::ScalarType dtype,
+                          int64_t elements) const override {
+    if (dtype == torch::kFloat32) return elements * 2;
+    return elements * static_cast<int64_t>(c10::elementSize(dtype));
+  }
+  float range() const override { return range_; }
+
+ private:
+  const char* name_;
+  torch::ScalarType half_;
+  v1::Tensor::Encoding encoding_;
+  float range_;
+};
+
+// Values of INT8_BLOCKWISE's int8 range: round(x / scale) with scale =
+// absmax / 127 never leaves it; -128 is refused from a peer.
+constexpr int kInt8Max = 127;
+// No scale of a value below kInt8Range exceeds 2^120, and 127 times any
+// scale up to 2^120 is finite: a decoded value is never infinite.
+constexpr float kInt8Range = 0x1p126f;
+constexpr float kMaxScale = 0x1p120f;
+
+// One block of INT8_BLOCKWISE: its scale (absmax / 127; NaN when a value
+// is not finite, the contract violation TensorCodec describes) and the
+// values' int8 codes, rounded to nearest even.
+float QuantizeBlock(const float* x, int64_t n, int8_t* q) {
+  float absmax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    finite &= a < kInf;
+    absmax = a > absmax ? a : absmax;
+  }
+  if (!finite) {
+    std::fill(q, q + n, 0);
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float scale = absmax / kInt8Max;
+  for (int64_t i = 0; i < n; ++i) {
+    // A scale that underflowed to 0 leaves values below 1e-42: they are 0.
+    const float v = scale > 0.0f ? std::nearbyint(x[i] / scale) : 0.0f;
+    q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+  }
+  return scale;
+}
+
+// The receiver's value of a code: the same product in Decode and Transfer.
+inline float Dequantize(int8_t q, float scale) {
+  return static_cast<float>(q) * scale;
+}
+
+class Int8BlockwiseCodec final : public TensorCodec {
+ public:
+  explicit Int8BlockwiseCodec(int block_size) : block_(block_size) {}
+  absl::string_view name() const override { return "int8"; }
+  void Encode(const torch::Tensor& t, v1::Tensor* out) const override {
+    if (t.scalar_type() != torch::kFloat32) return EncodeTensor(t, out);
+    const torch::Tensor x = t.detach().cpu().contiguous();
+    SetEncodedHeader(x, v1::Tensor::INT8_BLOCKWISE, out);
+    out->set_block_size(block_);
+    const int64_t n = x.numel();
+    std::string* data = out->mutable_data();
+    std::string* scales = out->mutable_scales();
+    data->resize(n);
+    scales->resize(Blocks(n) * sizeof(float));
+    const float* v = x.data_ptr<float>();
+    auto* q = reinterpret_cast<int8_t*>(data->data());
+    for (int64_t b = 0, i = 0; i < n; ++b, i += block_) {
+      const float s =
+          QuantizeBlock(v + i, std::min<int64_t>(block_, n - i), q + i);
+      std::memcpy(scales->data() + b * sizeof(float), &s, sizeof(float));
+    }
+  }
+  absl::StatusOr<torch::Tensor> Decode(
+      const v1::Tensor& w, const std::string& what,
+      const TensorLimits& limits) const override {
+    if (w.dtype() != v1::Tensor::FLOAT32) return DecodeTensor(w, what, limits);
+    std::vector<int64_t> shape;
+    int64_t n = 0;
+    RETURN_IF_ERROR(
+        CheckEncoded(w, v1::Tensor::INT8_BLOCKWISE, what, limits, &shape, &n));
+    if (w.block_size() != block_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": int8 block size ", w.block_size(),
+                       ", the run's wire.int8_block_size is ", block_));
+    }
+    if (static_cast<int64_t>(w.data().size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", w.data().size(), " data bytes, expected ", n,
+                       " (one int8 per value)"));
+    }
+    const int64_t blocks = Blocks(n);
+    if (static_cast<int64_t>(w.scales().size()) !=
+        blocks * static_cast<int64_t>(sizeof(float))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", w.scales().size(), " scale bytes, expected ",
+          blocks * sizeof(float), " (", blocks, " fp32 scales for ", n,
+          " values in blocks of ", block_, ")"));
+    }
+    torch::Tensor t = torch::empty(shape, torch::dtype(torch::kFloat32));
+    float* out = t.data_ptr<float>();
+    const auto* q = reinterpret_cast<const int8_t*>(w.data().data());
+    for (int64_t b = 0, i = 0; i < n; ++b, i += block_) {
+      float s;
+      std::memcpy(&s, w.scales().data() + b * sizeof(float), sizeof(float));
+      // Also refuses NaN: every comparison with it is false.
+      if (!(s >= 0.0f && s <= kMaxScale)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": scale ", b, " is ", s,
+                         ", expected a finite value in [0, ", kMaxScale, "]"));
+      }
+      const int64_t end = std::min<int64_t>(i + block_, n);
+      for (int64_t j = i; j < end; ++j) {
+        if (q[j] < -kInt8Max) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(what, ": value ", j, " is ", static_cast<int>(q[j]),
+                           ", outside [-127, 127]"));
+        }
+        out[j] = Dequantize(q[j], s);
+      }
+    }
+    return t;
+  }
+  torch::Tensor Transfer(torch::Tensor t) const override {
+    if (t.scalar_type() != torch::kFloat32) return t;
+    const torch::Tensor x = t.detach().cpu().contiguous();
+    torch::Tensor y = torch::empty_like(x);
+    const int64_t n = x.numel();
+    const float* v = x.data_ptr<float>();
+    float* out = y.data_ptr<float>();
+    std::vector<int8_t> q(std::min<int64_t>(block_, n));
+    for (int64_t i = 0; i < n; i += block_) {
+      const int64_t len = std::min<int64_t>(block_, n - i);
+      const float s = QuantizeBlock(v + i, len, q.data());
+      for (int64_t j = 0; j < len; ++j) out[i + j] = Dequantize(q[j], s);
+    }
+    return y.to(t.device());
+  }
+  int64_t MaxEncodedBytes(torch::ScalarType dtype,
+                          int64_t elements) const override {
+    if (dtype == torch::kFloat32) {
+      return elements + Blocks(elements) * static_cast<int64_t>(sizeof(float));
+    }
+    return elements * static_cast<int64_t>(c10::elementSize(dtype));
+  }
+  float range() const override { return kInt8Range; }
+
+ private:
+  int64_t Blocks(int64_t n) const { return (n + block_ - 1) / block_; }
+  const int block_;
+};
+
+// bf16's largest value is (2 - 2^-7) * 2^127; from halfway to 2^128 on,
+// rounding to nearest even gives infinity. Likewise fp16's 65504 and 65520.
+constexpr float kBf16Range = 0x1.ffp127f;
+constexpr float kFp16Range = 65520.0f;
 
 Phase PhaseFromName(const std::string& name) {
   if (name == "head") return Phase::kHead;
@@ -53,8 +281,103 @@ std::shared_ptr<const TensorCodec> Fp32Codec() {
   return *codec;
 }
 
-absl::StatusOr<WireCodec> WireCodec::ForRun(const v1::RunConfig&) {
-  return WireCodec(Fp32Codec(), Fp32Codec());
+absl::StatusOr<std::shared_ptr<const TensorCodec>> CodecFor(
+    WireSpec::Codec codec, int int8_block_size) {
+  switch (codec) {
+    case WireSpec::CODEC_UNSPECIFIED:
+    case WireSpec::FP32:
+      return Fp32Codec();
+    case WireSpec::BF16:
+      return std::make_shared<HalfTensorCodec>("bf16", torch::kBFloat16,
+                                               v1::Tensor::BF16, kBf16Range);
+    case WireSpec::FP16:
+      return std::make_shared<HalfTensorCodec>("fp16", torch::kHalf,
+                                               v1::Tensor::FP16, kFp16Range);
+    case WireSpec::INT8_BLOCKWISE: {
+      const int b =
+          int8_block_size == 0 ? kDefaultInt8BlockSize : int8_block_size;
+      if (b < 1 || b > kMaxInt8BlockSize) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "wire.int8_block_size: ", int8_block_size, " is outside 1..",
+            kMaxInt8BlockSize, " (0: ", kDefaultInt8BlockSize, ")"));
+      }
+      return std::make_shared<Int8BlockwiseCodec>(b);
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown codec ", static_cast<int>(codec)));
+  }
+}
+
+float WireRange(WireSpec::Codec codec) {
+  switch (codec) {
+    case WireSpec::BF16:
+      return kBf16Range;
+    case WireSpec::FP16:
+      return kFp16Range;
+    case WireSpec::INT8_BLOCKWISE:
+      return kInt8Range;
+    default:
+      return kInf;
+  }
+}
+
+std::string CodecName(WireSpec::Codec codec) {
+  switch (codec) {
+    case WireSpec::CODEC_UNSPECIFIED:
+    case WireSpec::FP32:
+      return "fp32";
+    case WireSpec::BF16:
+      return "bf16";
+    case WireSpec::FP16:
+      return "fp16";
+    case WireSpec::INT8_BLOCKWISE:
+      return "int8";
+    default:
+      return "?";
+  }
+}
+
+std::string WireName(const WireSpec& wire) {
+  const std::string a = CodecName(wire.activations());
+  const std::string g = CodecName(wire.gradients());
+  return a == g ? a : absl::StrCat(a, ":", g);
+}
+
+absl::Status ParseWireName(absl::string_view name, WireSpec* wire) {
+  auto one = [&](absl::string_view word, WireSpec::Codec* out) -> absl::Status {
+    for (WireSpec::Codec c : {WireSpec::FP32, WireSpec::BF16, WireSpec::FP16,
+                              WireSpec::INT8_BLOCKWISE}) {
+      if (word == CodecName(c)) {
+        *out = c;
+        return absl::OkStatus();
+      }
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("wire codec \"", word,
+                     "\": expected fp32, bf16, fp16 or int8, or "
+                     "ACTIVATIONS:GRADIENTS such as bf16:int8"));
+  };
+  const size_t colon = name.find(':');
+  WireSpec::Codec a = WireSpec::FP32, g = WireSpec::FP32;
+  RETURN_IF_ERROR(one(name.substr(0, colon), &a));
+  if (colon == absl::string_view::npos) {
+    g = a;
+  } else {
+    RETURN_IF_ERROR(one(name.substr(colon + 1), &g));
+  }
+  wire->set_activations(a);
+  wire->set_gradients(g);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WireCodec> WireCodec::ForRun(const v1::RunConfig& config) {
+  const WireSpec& w = config.wire();
+  ASSIGN_OR_RETURN(auto activations,
+                   CodecFor(w.activations(), w.int8_block_size()));
+  ASSIGN_OR_RETURN(auto gradients,
+                   CodecFor(w.gradients(), w.int8_block_size()));
+  return WireCodec(std::move(activations), std::move(gradients));
 }
 
 WireCodec::WireCodec(std::shared_ptr<const TensorCodec> activations,

@@ -2,12 +2,12 @@
 // the protobuf messages of proto/worker.proto and back, and the one place
 // that knows how many bytes a link's messages can take (DESIGN §2.5).
 //
-// A run chooses a TensorCodec per direction: activations travel down (with
-// block 0's input data), gradients travel up. Everything else in a message
-// is plain fields. FP32 (each tensor's raw values, dtype kept) is the only
-// format today; compressed formats plug in as further TensorCodecs, and the
-// in-process engine applies the same Transfer at every block boundary so
-// in-process == cluster stays bitwise whatever the codec.
+// A run chooses a TensorCodec per direction (RunConfig.wire): activations
+// travel down (with block 0's input data), gradients travel up. Everything
+// else in a message is plain fields. FP32 writes each tensor's raw values;
+// BF16, FP16 and INT8_BLOCKWISE compress fp32 tensors. The in-process
+// engine applies the same Transfer at every block boundary, and Transfer is
+// bitwise Decode(Encode(t)), so in-process == cluster whatever the codec.
 #ifndef INTERLOCK_SERVICES_WIRE_CODEC_H_
 #define INTERLOCK_SERVICES_WIRE_CODEC_H_
 
@@ -27,10 +27,16 @@
 
 namespace interlock {
 
-// How one direction's tensors travel. A codec may change floating-point
-// tensors only; integer tensors (token ids, targets) travel as they are.
-// Encode takes a tensor on any device, Decode gives CPU tensors (the
-// receiving block moves them to its device), Transfer keeps the device.
+// How one direction's tensors travel. A codec may change fp32 tensors only;
+// every other dtype (token ids, targets) travels raw and exactly. Encode
+// takes a tensor on any device, Decode gives CPU tensors (the receiving
+// block moves them to its device), Transfer keeps the device.
+//
+// Encode expects values below range() in magnitude: the trainer treats
+// larger ones and NaN or infinities as non-finite before anything is sent
+// (training.nonfinite_policy). Were one to reach INT8_BLOCKWISE anyway, its
+// block gets a NaN scale, which every decoder refuses, and Transfer gives
+// NaN values there: never an infinite scale, never silently.
 class TensorCodec {
  public:
   virtual ~TensorCodec() = default;
@@ -49,14 +55,38 @@ class TensorCodec {
   // (the message's other fields are the caller's margin).
   virtual int64_t MaxEncodedBytes(torch::ScalarType dtype,
                                   int64_t elements) const = 0;
+  // Magnitudes the codec carries without overflowing: |x| < range().
+  virtual float range() const = 0;
 };
 
-// FP32: raw little-endian values of the tensor's own dtype (today's wire).
+// FP32: raw little-endian values of the tensor's own dtype.
 std::shared_ptr<const TensorCodec> Fp32Codec();
+// The codec `codec` names (CODEC_UNSPECIFIED: FP32); `int8_block_size`
+// (0: 256) matters to INT8_BLOCKWISE only. INVALID_ARGUMENT for an unknown
+// codec or a block size outside 1..kMaxInt8BlockSize.
+absl::StatusOr<std::shared_ptr<const TensorCodec>> CodecFor(
+    interlock::v1::WireSpec::Codec codec, int int8_block_size);
+inline constexpr int kDefaultInt8BlockSize = 256;
+inline constexpr int kMaxInt8BlockSize = 1 << 20;
+
+// TensorCodec::range() of `codec` without building it (infinity for FP32
+// and unknown values): what the trainer checks outputs and upstream
+// gradients against.
+float WireRange(interlock::v1::WireSpec::Codec codec);
+// "fp32", "bf16", "fp16", "int8" ("?" for an unknown value).
+std::string CodecName(interlock::v1::WireSpec::Codec codec);
+// The run's codecs in one word: "bf16" when both directions use the same,
+// "bf16:int8" (activations:gradients) otherwise, as `compare --wire` takes
+// them. The int8 block size is not part of it.
+std::string WireName(const interlock::v1::WireSpec& wire);
+// Sets `wire`'s codecs from WireName's form ("fp32", "int8", "bf16:int8"),
+// keeping its int8 block size; INVALID_ARGUMENT naming what is wrong.
+absl::Status ParseWireName(absl::string_view name,
+                           interlock::v1::WireSpec* wire);
 
 class WireCodec {
  public:
-  // The codecs `config` chooses for its links (today: FP32 both ways).
+  // The codecs `config.wire` chooses for its links (FP32 by default).
   static absl::StatusOr<WireCodec> ForRun(
       const interlock::v1::RunConfig& config);
   WireCodec(std::shared_ptr<const TensorCodec> activations,

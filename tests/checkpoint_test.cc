@@ -579,5 +579,50 @@ TEST(Resume, CheckpointOfAnotherConfigurationIsRefused) {
   fs::remove_all(out);
 }
 
+// The wire codecs are part of a run's identity: a checkpoint of a BF16 run
+// resumes only with BF16 (bitwise as if uninterrupted), is refused with
+// other codecs naming both, and FP32 spelled out is the run without codecs.
+TEST(Resume, CodecsArePartOfTheRunsIdentity) {
+  v1::RunConfig c = LoadConfig("configs/tests/tiny_resnet.pbtxt", 10);
+  c.mutable_wire()->set_activations(v1::WireSpec::BF16);
+  c.mutable_wire()->set_gradients(v1::WireSpec::BF16);
+  auto plain = TrainInto(c, "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::string out = MakeTempDir();
+  ASSERT_TRUE(TrainInto(c, out).ok());
+  fs::remove_all(out + "/checkpoints/step-0000000010");
+
+  v1::RunConfig other = c;
+  other.mutable_wire()->set_activations(v1::WireSpec::INT8_BLOCKWISE);
+  other.mutable_wire()->set_gradients(v1::WireSpec::INT8_BLOCKWISE);
+  auto refused = TrainInto(other, out);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(
+                "its wire codecs (activations bf16, gradients bf16) are not "
+                "this run's (activations int8, gradients int8, int8 blocks "
+                "of 256)"),
+            std::string::npos)
+      << refused.status();
+
+  auto resumed = TrainInto(c, out);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->accounting.resumed_from_step, 5);
+  EXPECT_EQ(resumed->digest, plain->digest);
+  fs::remove_all(out);
+
+  // A run of the default codecs resumes with FP32 written out.
+  v1::RunConfig fp32 = LoadConfig("configs/tests/tiny_resnet.pbtxt", 10);
+  const std::string out2 = MakeTempDir();
+  ASSERT_TRUE(TrainInto(fp32, out2).ok());
+  fs::remove_all(out2 + "/checkpoints/step-0000000010");
+  fp32.mutable_wire()->set_activations(v1::WireSpec::FP32);
+  fp32.mutable_wire()->set_int8_block_size(64);  // unused by FP32
+  auto same = TrainInto(fp32, out2);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->accounting.resumed_from_step, 5);
+  fs::remove_all(out2);
+}
+
 }  // namespace
 }  // namespace interlock

@@ -18,6 +18,7 @@
 #include "services/config.h"
 #include "services/digest.h"
 #include "services/wire.h"
+#include "services/wire_codec.h"
 #include "tests/cluster_util.h"
 #include "tests/control_watcher.h"
 #include "tests/test_util.h"
@@ -171,6 +172,49 @@ TEST_F(ClusterTest, TransformerK3BitwiseEqualsInProcess) {
 }
 TEST_F(ClusterTest, TransformerK4BitwiseEqualsInProcess) {
   CompareEngines(kTransformer, 4, "2,1,1,rest", Addresses(4));
+}
+
+// Every wire codec keeps the cluster bitwise equal to the in-process
+// engine (2-way, two micro-batches), and each changes the parameters.
+void CompareCodecs(const char* text, const std::vector<std::string>& workers) {
+  std::vector<std::string> digests;
+  for (const char* wire : {"bf16", "fp16", "int8", "fp16:int8"}) {
+    v1::RunConfig c = Parse(text);
+    c.mutable_model()->set_partition("2,1,rest");
+    c.mutable_training()->set_mode(v1::TrainingSpec::INTERLOCK);
+    c.mutable_training()->set_n(2);
+    c.mutable_training()->set_microbatches(2);
+    c.mutable_training()->set_steps(4);
+    ASSERT_TRUE(ParseWireName(wire, c.mutable_wire()).ok());
+    // Blocks of 100 leave a short last block in every tensor.
+    c.mutable_wire()->set_int8_block_size(100);
+    SCOPED_TRACE(::testing::Message() << c.name() << " wire " << wire);
+    TrainOptions local;
+    local.output.quiet = true;
+    auto a = Train(c, local);
+    ASSERT_TRUE(a.ok()) << a.status();
+    TrainOptions cluster = local;
+    cluster.engine.kind = EngineKind::kCluster;
+    cluster.engine.workers = OnePerBlock(workers);
+    auto b = Train(c, cluster);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->block_digests, b->block_digests);
+    EXPECT_EQ(a->head_digests, b->head_digests);
+    ASSERT_EQ(a->eval.size(), b->eval.size());
+    for (size_t i = 0; i < a->eval.size(); ++i) {
+      EXPECT_EQ(a->eval[i].loss, b->eval[i].loss);
+      EXPECT_EQ(a->eval[i].accuracy, b->eval[i].accuracy);
+    }
+    EXPECT_EQ(std::count(digests.begin(), digests.end(), a->digest), 0);
+    digests.push_back(a->digest);
+  }
+}
+
+TEST_F(ClusterTest, ResNetCodecsBitwiseEqualInProcess) {
+  CompareCodecs(kResNet, Addresses(3));
+}
+TEST_F(ClusterTest, TransformerCodecsBitwiseEqualInProcess) {
+  CompareCodecs(kTransformer, Addresses(3));
 }
 
 TEST_F(ClusterTest, WrongWorkerCountIsRefused) {
@@ -766,6 +810,7 @@ TEST(ClusterMetrics, EveryProcessExportsItsMetrics) {
                 "--workers=" + w[0].address() + "," + w[1].address() + "," +
                     w[2].address(),
                 "--config=" + cfg, "--steps=100000", "--out=" + dir + "/out",
+                "--wire=bf16:int8",
                 "--metrics_port=" + std::to_string(coord_port)},
                dir + "/cli.log");
   for (int i = 0; i < 600 && LinesIn(dir + "/out/metrics.jsonl") < 12; ++i) {
@@ -800,6 +845,18 @@ TEST(ClusterMetrics, EveryProcessExportsItsMetrics) {
     }
     EXPECT_GT(MetricSum(text, "interlock_worker_sent_bytes_total",
                         "direction=\"up\""),
+              0);
+    // Bytes by codec (--wire bf16:int8): activations down, gradients up.
+    EXPECT_EQ(MetricSum(text, "interlock_worker_received_bytes_total",
+                        "codec=\"bf16\",direction=\"down\""),
+              MetricSum(text, "interlock_worker_received_bytes_total",
+                        "direction=\"down\""));
+    EXPECT_EQ(MetricSum(text, "interlock_worker_sent_bytes_total",
+                        "codec=\"int8\",direction=\"up\""),
+              MetricSum(text, "interlock_worker_sent_bytes_total",
+                        "direction=\"up\""));
+    EXPECT_GT(MetricSum(text, "interlock_worker_sent_bytes_total",
+                        "codec=\"none\",direction=\"control\""),
               0);
   }
   const std::string coord = HttpGet(coord_port, "/metrics");

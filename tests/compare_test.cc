@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "analysis/run_files.h"
 #include "analysis/simulate.h"
 #include "tests/test_util.h"
 
@@ -253,6 +254,52 @@ TEST(Compare, BadModesGiveAClearError) {
             std::string::npos)
       << r.output;
   EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// --wire runs every mode with each codec, rows named mode/codec, folders
+// mode-codec; the profiles count the encoded bytes.
+TEST(Compare, WireCodecsAreVariantsOfEveryMode) {
+  const std::string out = std::filesystem::temp_directory_path().string() +
+                          "/interlock_compare_wire_" + std::to_string(getpid());
+  std::filesystem::remove_all(out);
+  auto r = RunCommand(kCli + " compare --config " + kSrc +
+                      "/configs/tests/tiny_resnet.pbtxt --modes 1,2 --wire "
+                      "fp32,bf16,int8 --steps 3 --out " +
+                      out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[5/6] 2-way furthest/bf16"), std::string::npos)
+      << r.output;
+  const std::string report = ReadFile(out + "/report.md");
+  EXPECT_NE(report.find("* Wire codecs: fp32, bf16, int8 (--wire"),
+            std::string::npos)
+      << report;
+  for (const char* row : {"| 1-way furthest/fp32 |", "| 1-way furthest/int8 |",
+                          "| 2-way furthest/fp32 |", "| 2-way furthest/bf16 |",
+                          "| 2-way furthest/int8 |"}) {
+    EXPECT_NE(report.find(row), std::string::npos) << row << "\n" << report;
+  }
+  auto up_bytes = [&](const std::string& dir) {
+    auto p = LoadProfile(out + "/" + dir);
+    EXPECT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->up_bytes.size(), 2u);
+    return p.ok() && !p->up_bytes.empty() ? p->up_bytes[0] : 0;
+  };
+  const int64_t fp32 = up_bytes("2way-fp32");
+  EXPECT_GT(fp32, 0);
+  EXPECT_EQ(up_bytes("2way-bf16") * 2, fp32);
+  EXPECT_LT(up_bytes("2way-int8") * 3.9, fp32);
+  auto summary = ReadSummary(out + "/2way-int8/summary.json");
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->wire(), "int8");
+
+  auto bad = RunCommand(kCli + " compare --config " + kSrc +
+                        "/configs/tests/tiny_resnet.pbtxt --modes 2 --wire "
+                        "fp32,int4 --steps 1 --out " +
+                        out + "-bad");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--wire: wire codec \"int4\""), std::string::npos)
+      << bad.output;
+  std::filesystem::remove_all(out);
 }
 
 TEST(Simulate, BadProfilesNameWhatIsWrong) {

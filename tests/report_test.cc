@@ -217,12 +217,27 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
   EXPECT_NE(text.find("\"perplexity\": \"NaN\""), std::string::npos);
 
   const Struct s = Parse(text);
-  EXPECT_EQ(KeysOf(s),
-            (Keys{"name", "mode", "blocks", "n", "microbatches", "batch_size",
-                  "seed", "steps", "skipped_steps", "wall_seconds",
-                  "virtual_seconds", "mean_step_seconds", "utilisation",
-                  "busy_ratio", "eval", "digests", "digest", "accounting",
-                  "replicas", "reduction"}));
+  EXPECT_EQ(KeysOf(s), (Keys{"name",
+                             "mode",
+                             "blocks",
+                             "n",
+                             "microbatches",
+                             "batch_size",
+                             "seed",
+                             "steps",
+                             "skipped_steps",
+                             "wall_seconds",
+                             "virtual_seconds",
+                             "mean_step_seconds",
+                             "utilisation",
+                             "busy_ratio",
+                             "eval",
+                             "digests",
+                             "digest",
+                             "accounting",
+                             "replicas",
+                             "reduction",
+                             "wire"}));
   EXPECT_EQ(KeysOf(s.fields().at("mean_step_seconds").struct_value()),
             (Keys{"wall", "virtual"}));
   EXPECT_EQ(KeysOfFirst(s, "eval"),
@@ -240,15 +255,17 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
                       ->mutable_values()) {
     e.mutable_struct_value()->mutable_fields()->erase("perplexity");
   }
-  ExpectNumbers(numbers,
-                {"name", "mode", "head", "params", "digest", "reduction"},
-                "summary");
+  ExpectNumbers(
+      numbers,
+      {"name", "mode", "head", "params", "digest", "reduction", "wire"},
+      "summary");
 
   auto back = ReadSummary(path);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->steps(), 20);
   EXPECT_EQ(back->accounting().microbatches_applied(), 3000000000.0);
   EXPECT_EQ(back->accounting().resumed_from_step(), -1);
+  EXPECT_EQ(back->wire(), "fp32");
   EXPECT_EQ(back->mean_step_seconds().virtual_(), 0.03);
   ASSERT_EQ(back->eval_size(), 2);
   EXPECT_EQ(back->eval(1).head(), "final");
@@ -298,6 +315,7 @@ TEST_F(ReportTest, ProfileKeepsItsKeysAndRoundTrips) {
   info.steps = 4;
   info.mean_step_wall = 0.2;
   info.mean_step_virtual = 0.1;
+  info.wire = "bf16:int8";
   ASSERT_TRUE(WriteProfile(sim, info, dir_ + "/profile.json").ok());
   const std::string text = ReadText(dir_ + "/profile.json");
   EXPECT_NE(text.find("5000000000"), std::string::npos) << text;
@@ -305,20 +323,21 @@ TEST_F(ReportTest, ProfileKeepsItsKeysAndRoundTrips) {
   EXPECT_EQ(KeysOf(s),
             (Keys{"name", "blocks", "microbatches", "batch_size", "mode", "n",
                   "rule", "steps", "input_bytes", "down_bytes", "up_bytes",
-                  "link", "per_block", "step_seconds"}));
+                  "link", "per_block", "step_seconds", "wire"}));
   EXPECT_EQ(KeysOf(s.fields().at("link").struct_value()),
             (Keys{"latency_seconds", "bytes_per_second"}));
   EXPECT_EQ(KeysOfFirst(s, "per_block"),
             (Keys{"forward", "head", "backward", "input_grad", "optimizer"}));
   EXPECT_EQ(KeysOf(s.fields().at("step_seconds").struct_value()),
             (Keys{"wall", "virtual"}));
-  ExpectNumbers(s, {"name", "mode", "rule"}, "profile");
+  ExpectNumbers(s, {"name", "mode", "rule", "wire"}, "profile");
 
   auto p = LoadProfile(dir_);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->blocks, 2);
   EXPECT_EQ(p->microbatches, 2);
   EXPECT_EQ(p->batch_size, 16);
+  EXPECT_EQ(p->wire, "bf16:int8");
   EXPECT_FALSE(p->mode.e2e);
   EXPECT_EQ(p->mode.n, 2);
   EXPECT_EQ(p->input_bytes, 1000);

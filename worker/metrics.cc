@@ -27,12 +27,13 @@ WorkerMetrics::WorkerMetrics()
                .Register(*registry_);
   sent_ = &prometheus::BuildCounter()
                .Name("interlock_worker_sent_bytes_total")
-               .Help("Bytes sent on the stream links by direction")
+               .Help("Bytes sent on the stream links by direction and codec")
                .Register(*registry_);
-  received_ = &prometheus::BuildCounter()
-                   .Name("interlock_worker_received_bytes_total")
-                   .Help("Bytes received on the stream links by direction")
-                   .Register(*registry_);
+  received_ =
+      &prometheus::BuildCounter()
+           .Name("interlock_worker_received_bytes_total")
+           .Help("Bytes received on the stream links by direction and codec")
+           .Register(*registry_);
   rejected_ = &prometheus::BuildCounter()
                    .Name("interlock_worker_rejected_messages_total")
                    .Help("Received messages refused as invalid or stale")
@@ -65,15 +66,24 @@ WorkerMetrics::WorkerMetrics()
                      .Register(*registry_);
 }
 
-BlockMetrics& WorkerMetrics::ForBlock(int block, int replica) {
+BlockMetrics& WorkerMetrics::ForBlock(int block, int replica,
+                                      const std::string& down_codec,
+                                      const std::string& up_codec) {
   std::lock_guard<std::mutex> l(mu_);
-  auto it = blocks_.find({block, replica});
+  const auto key = std::make_tuple(block, replica, down_codec, up_codec);
+  auto it = blocks_.find(key);
   if (it != blocks_.end()) return it->second;
   const std::map<std::string, std::string> base = {
       {"block", std::to_string(block)}, {"replica", std::to_string(replica)}};
   auto with = [&](const char* key, const char* value) {
     auto l = base;
     l[key] = value;
+    return l;
+  };
+  auto link = [&](const char* direction, const std::string& codec) {
+    auto l = base;
+    l["direction"] = direction;
+    l["codec"] = codec;
     return l;
   };
   BlockMetrics m;
@@ -85,17 +95,19 @@ BlockMetrics& WorkerMetrics::ForBlock(int block, int replica) {
   m.input_grad_seconds = &compute_->Add(with("phase", "input_grad"), Buckets());
   m.reduction_seconds = &compute_->Add(with("phase", "reduction"), Buckets());
   m.idle_seconds = &idle_->Add(base);
-  m.sent_down_bytes = &sent_->Add(with("direction", "down"));
-  m.sent_up_bytes = &sent_->Add(with("direction", "up"));
-  m.sent_control_bytes = &sent_->Add(with("direction", "control"));
-  m.received_down_bytes = &received_->Add(with("direction", "down"));
-  m.received_up_bytes = &received_->Add(with("direction", "up"));
+  // Families return the existing child for known labels: a block
+  // reconfigured with other codecs shares every other series.
+  m.sent_down_bytes = &sent_->Add(link("down", down_codec));
+  m.sent_up_bytes = &sent_->Add(link("up", up_codec));
+  m.sent_control_bytes = &sent_->Add(link("control", "none"));
+  m.received_down_bytes = &received_->Add(link("down", down_codec));
+  m.received_up_bytes = &received_->Add(link("up", up_codec));
   m.rejected = &rejected_->Add(base);
   m.nonfinite = &nonfinite_->Add(base);
   m.step = &step_->Add(base);
   m.head_loss = &head_loss_->Add(base);
   m.configured = &configured_->Add(base);
-  return blocks_.emplace(std::make_pair(block, replica), m).first->second;
+  return blocks_.emplace(key, m).first->second;
 }
 
 }  // namespace interlock

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 namespace interlock {
 
@@ -43,8 +44,11 @@ class WorkerMetrics {
  public:
   WorkerMetrics();
   std::shared_ptr<prometheus::Registry> registry() { return registry_; }
-  // Children for one block (replica 0 until replicas exist).
-  BlockMetrics& ForBlock(int block, int replica = 0);
+  // Children for one block (replica 0 until replicas exist) whose links
+  // carry activations (`down`) and gradients (`up`) in the named codecs:
+  // the byte counters' `codec` label ("none" on the control stream).
+  BlockMetrics& ForBlock(int block, int replica, const std::string& down_codec,
+                         const std::string& up_codec);
   // Calls refused for a missing or wrong bearer token (no block yet).
   prometheus::Counter* unauthenticated() { return unauthenticated_; }
 
@@ -62,7 +66,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>* head_loss_;
   prometheus::Family<prometheus::Gauge>* configured_;
   std::mutex mu_;
-  std::map<std::pair<int, int>, BlockMetrics> blocks_;
+  std::map<std::tuple<int, int, std::string, std::string>, BlockMetrics>
+      blocks_;
 };
 
 }  // namespace interlock

@@ -205,7 +205,9 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   run->target_shape = TargetShape(shape);
   run->input_dtype =
       req.block() == 0 && shape.is_text ? torch::kInt64 : torch::kFloat32;
-  run->metrics = &metrics_->ForBlock(req.block(), req.replica());
+  run->metrics = &metrics_->ForBlock(
+      req.block(), req.replica(), std::string(run->codec.activations().name()),
+      std::string(run->codec.gradients().name()));
   int64_t params = 0;
   int64_t tensor_bytes = 0;
   int64_t entries = 0;

@@ -192,6 +192,38 @@ void TensorSeeds(const std::string& dir) {
   Write(dir, index++, up.SerializeAsString());
 }
 
+// The codec target's input is a byte choosing the codec (its kChoices:
+// bf16, fp16, int8 in blocks of 256, 1 and 7) and a Tensor or UpwardData
+// encoded with it.
+void CodecSeeds(const std::string& dir) {
+  struct Choice {
+    v1::WireSpec::Codec codec;
+    int block_size;
+  } choices[] = {{v1::WireSpec::BF16, 0},
+                 {v1::WireSpec::FP16, 0},
+                 {v1::WireSpec::INT8_BLOCKWISE, 256},
+                 {v1::WireSpec::INT8_BLOCKWISE, 1},
+                 {v1::WireSpec::INT8_BLOCKWISE, 7}};
+  int index = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto codec = interlock::CodecFor(choices[i].codec, choices[i].block_size);
+    if (!codec.ok()) {
+      std::cerr << codec.status() << "\n";
+      std::exit(1);
+    }
+    const std::string pick(1, static_cast<char>(i));
+    v1::Tensor w;
+    (*codec)->Encode(torch::randn({3, 10}), &w);
+    Write(dir, index++, pick + w.SerializeAsString());
+    interlock::UpwardMsg m;
+    m.grads = {torch::randn({2, 9}), torch::zeros({2, 9})};
+    m.nonfinite = {false, true};
+    v1::UpwardData up;
+    interlock::WireCodec(interlock::Fp32Codec(), *codec).EncodeUpward(m, &up);
+    Write(dir, index++, pick + up.SerializeAsString());
+  }
+}
+
 // The checkpoint reader's input is a tag byte (0: manifest, 1: a block's
 // archive) and the bytes; the seeds come from a real checkpoint of the
 // target's model (tests/fuzz/checkpoint_model.h).
@@ -241,5 +273,6 @@ int main(int argc, char** argv) {
   WorkerSeeds(std::string(argv[1]) + "/fuzz_worker_messages");
   TensorSeeds(std::string(argv[1]) + "/fuzz_tensor_decoder");
   CheckpointSeeds(std::string(argv[1]) + "/fuzz_checkpoint_reader");
+  CodecSeeds(std::string(argv[1]) + "/fuzz_codec_payload");
   return 0;
 }

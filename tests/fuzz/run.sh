@@ -12,7 +12,8 @@ shift 2
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 TARGETS=("$@")
 if ((${#TARGETS[@]} == 0)); then
-  TARGETS=(fuzz_tensor_decoder fuzz_worker_messages fuzz_checkpoint_reader)
+  TARGETS=(fuzz_tensor_decoder fuzz_worker_messages fuzz_checkpoint_reader
+    fuzz_codec_payload)
 fi
 
 mkdir -p "$BUILD/fuzz-artifacts" "$BUILD/fuzz-logs"
