@@ -8,8 +8,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "analysis/replica_routes.h"
 #include "analysis/run_files.h"
 #include "services/status_macros.h"
 
@@ -206,7 +208,30 @@ absl::StatusOr<Profile> LoadProfile(const std::string& path) {
     ASSIGN_OR_RETURN(bp.optimizer, Cost(where, "optimizer", c.has_optimizer(),
                                         c.optimizer()));
     p.per_block.push_back(bp);
+    // Optional, but for every block or none.
+    if (c.has_parameters() != f.per_block(0).has_parameters()) {
+      return Wrong(where, "parameters", "given for every block or for none");
+    }
+    if (c.has_parameters()) {
+      ASSIGN_OR_RETURN(const double n,
+                       Cost(where, "parameters", true, c.parameters()));
+      p.parameters.push_back(std::llround(n));
+    }
   }
+  if (f.replicas_size() > 0) {
+    if (f.replicas_size() != p.blocks ||
+        std::any_of(f.replicas().begin(), f.replicas().end(),
+                    [](int r) { return r < 1; })) {
+      return Wrong(file, "replicas",
+                   absl::StrCat("an array of ", p.blocks, " integers >= 1"));
+    }
+    p.replicas.assign(f.replicas().begin(), f.replicas().end());
+  }
+  if (f.reduction() != "" && f.reduction() != "ordered" &&
+      f.reduction() != "ring") {
+    return Wrong(file, "reduction", "\"ordered\" or \"ring\"");
+  }
+  p.ring_reduction = f.reduction() == "ring";
   if (!f.has_step_seconds()) return Missing(file, "step_seconds");
   const std::string step = file + ": step_seconds";
   ASSIGN_OR_RETURN(p.step_wall, Cost(step, "wall", f.step_seconds().has_wall(),
@@ -217,8 +242,13 @@ absl::StatusOr<Profile> LoadProfile(const std::string& path) {
   return p;
 }
 
+ReplicaSpec ProfileReplicas(const Profile& profile) {
+  return {profile.replicas, profile.ring_reduction};
+}
+
 ScaledPipeline ScaleProfile(const Profile& p, int blocks, int microbatches,
-                            const LinkModel& link, const ModeSpec& mode) {
+                            const LinkModel& link, const ModeSpec& mode,
+                            const ReplicaSpec& replicas) {
   const int kp = p.blocks;
   const PipelineShape measured = ListsOf(p.mode, kp);
   const double scale =
@@ -264,8 +294,18 @@ ScaledPipeline ScaleProfile(const Profile& p, int blocks, int microbatches,
   s.window = 2 * blocks * microbatches;
   s.link = link;
   s.input_bytes = std::llround(p.input_bytes * scale);
+  s.replicas = replicas.replicas;
+  s.ring_reduction = replicas.ring;
   // Same K: the measured block k; else block k of K equal ones.
   const bool same = blocks == kp;
+  if (!p.parameters.empty()) {
+    double total = 0;
+    for (int64_t n : p.parameters) total += static_cast<double>(n);
+    for (int k = 0; k < blocks; ++k) {
+      s.parameters.push_back(same ? p.parameters[k]
+                                  : std::llround(total / blocks));
+    }
+  }
   auto cost = [&](const std::vector<double>& v, int k) {
     return same ? v[k] : Sum(v) / blocks;
   };
@@ -294,8 +334,10 @@ ScaledPipeline ScaleProfile(const Profile& p, int blocks, int microbatches,
 }
 
 SimResult PredictMode(const Profile& profile, int blocks, int microbatches,
-                      const LinkModel& link, const ModeSpec& mode) {
-  ScaledPipeline sp = ScaleProfile(profile, blocks, microbatches, link, mode);
+                      const LinkModel& link, const ModeSpec& mode,
+                      const ReplicaSpec& replicas) {
+  ScaledPipeline sp =
+      ScaleProfile(profile, blocks, microbatches, link, mode, replicas);
   return Simulate(sp.shape, sp.costs, kSimSteps, kSimWarmup);
 }
 
@@ -331,6 +373,12 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
   if (o.profile.empty()) return fail("--profile is required", 2);
   if (o.blocks < 0) return fail("--blocks: must be >= 1", 2);
   if (o.microbatches < 0) return fail("--microbatches: must be >= 1", 2);
+  if (!o.reduction.empty() && o.reduction != "ordered" &&
+      o.reduction != "ring") {
+    return fail(absl::StrCat("--reduction: '", o.reduction,
+                             "', expected ordered or ring"),
+                2);
+  }
   auto loaded = LoadProfile(o.profile);
   if (!loaded.ok()) return fail(std::string(loaded.status().message()), 1);
   const Profile& p = *loaded;
@@ -339,6 +387,22 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
   if (o.has_mode && !o.mode.e2e && o.mode.n > k) {
     return fail(absl::StrCat("--n ", o.mode.n, ": n must be <= K = ", k), 2);
   }
+  // Replicas: --replicas, else the profile's run's where K is its K.
+  ReplicaSpec rs;
+  rs.ring = o.reduction.empty() ? p.ring_reduction : o.reduction == "ring";
+  if (!o.replicas.empty()) {
+    if (auto st = CheckReplicas(o.replicas, k, m, "--replicas"); !st.ok()) {
+      return fail(std::string(st.message()), 2);
+    }
+    rs.replicas = o.replicas;
+  } else if (k == p.blocks && Replicated(p.replicas)) {
+    if (auto st = CheckReplicas(p.replicas, k, m, "the profile's replicas");
+        !st.ok()) {
+      return fail(absl::StrCat(st.message(), "; give --replicas"), 2);
+    }
+    rs.replicas = p.replicas;
+  }
+  const bool replicated = Replicated(rs.replicas);
   LinkModel link = p.link;
   if (o.bandwidth >= 0) link.bytes_per_second = o.bandwidth;
   if (o.latency >= 0) link.latency_seconds = o.latency;
@@ -346,6 +410,11 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
     err << "interlock: warning: " << p.path
         << " comes from an E2E run, which has no auxiliary heads: the "
            "interlocking predictions leave the heads' cost out\n";
+  }
+  if (replicated && p.parameters.empty()) {
+    err << "interlock: warning: " << p.path
+        << " records no parameter counts (an older profile): the replicas' "
+           "reduction costs only its latency\n";
   }
 
   out << absl::StrFormat(
@@ -356,15 +425,45 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
   out << absl::StrFormat(
       "Predicted for K=%d (%s), M=%d, link %.0f us + bytes / %.3g B/s; an "
       "input-gradient-only pass costs what the profile measured, or %.1f of "
-      "the parameter pass where it ran none\n\n",
+      "the parameter pass where it ran none\n",
       k, k == p.blocks ? "measured block costs" : "blocks of equal cost", m,
       link.latency_seconds * 1e6, link.bytes_per_second, kInputOnlyShare);
-  out << absl::StrFormat("  %-16s %12s %9s %11s  %s\n", "mode", "step (s)",
-                         "vs e2e", "utilisation", "idle per block (0..K-1)");
+  if (replicated) {
+    out << absl::StrFormat(
+        "Replicas %s, reduction %s: a block's replicas split its "
+        "micro-batches; before each optimizer step they all-reduce (a ring: "
+        "2(R-1) x (latency + bytes / (R x bandwidth)), for the metadata and "
+        "then the gradients: ORDERED M x P x 4 bytes, RING P x 4)\n",
+        absl::StrJoin(rs.replicas, ","), rs.ring ? "ring" : "ordered");
+    PipelineShape sh = ScaleProfile(p, k, m, link, ModeSpec{}, rs).shape;
+    sh.parameters.resize(k, 0);
+    for (int b = 0; b < k; ++b) {
+      if (sh.Replicas(b) == 1) continue;
+      sh.ring_reduction = false;
+      const int64_t ordered_bytes = sh.ReductionBytes(b);
+      const double ordered = sh.ReductionSeconds(b);
+      sh.ring_reduction = true;
+      out << absl::StrFormat(
+          "  block %d: %d replicas, P = %d parameters; per step ORDERED "
+          "reduces %.3g MB in %.5f s, RING %.3g MB in %.5f s\n",
+          b, sh.Replicas(b), sh.parameters[b], ordered_bytes / 1e6, ordered,
+          sh.ReductionBytes(b) / 1e6, sh.ReductionSeconds(b));
+    }
+  }
+  out << "\n";
+  if (replicated) {
+    out << absl::StrFormat("  %-16s %12s %9s %11s %10s %11s  %s\n", "mode",
+                           "step (s)", "vs e2e", "samples/s", "vs 1 rep.",
+                           "utilisation",
+                           "idle per block (0..K-1, replicas a/b)");
+  } else {
+    out << absl::StrFormat("  %-16s %12s %9s %11s  %s\n", "mode", "step (s)",
+                           "vs e2e", "utilisation", "idle per block (0..K-1)");
+  }
   double e2e_step = 0;
   bool chosen_found = false;
   for (const ModeSpec& mode : ModesFor(k)) {
-    const SimResult r = PredictMode(p, k, m, link, mode);
+    const SimResult r = PredictMode(p, k, m, link, mode, rs);
     if (r.step_seconds <= 0) {
       return fail(absl::StrCat("the replay of ", mode.Label(),
                                " did not finish its steps"),
@@ -374,13 +473,26 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
     const bool chosen = o.has_mode && mode == o.mode;
     chosen_found |= chosen;
     std::string idle;
-    for (double b : r.busy_ratio) {
-      absl::StrAppend(&idle, idle.empty() ? "" : " ", Percent(1.0 - b));
+    for (const auto& replicas : r.replica_busy_ratio) {
+      std::string block;
+      for (double b : replicas) {
+        absl::StrAppend(&block, block.empty() ? "" : "/", Percent(1.0 - b));
+      }
+      absl::StrAppend(&idle, idle.empty() ? "" : " ", block);
     }
-    out << absl::StrFormat("%s %-16s %12.5f %8.2fx %11s  %s\n",
-                           chosen ? "*" : " ", mode.Label(), r.step_seconds,
-                           e2e_step / r.step_seconds, Percent(r.utilisation),
-                           idle);
+    if (replicated) {
+      const SimResult one = PredictMode(p, k, m, link, mode);
+      out << absl::StrFormat(
+          "%s %-16s %12.5f %8.2fx %11.1f %9.2fx %11s  %s\n", chosen ? "*" : " ",
+          mode.Label(), r.step_seconds, e2e_step / r.step_seconds,
+          p.batch_size / r.step_seconds, one.step_seconds / r.step_seconds,
+          Percent(r.utilisation), idle);
+    } else {
+      out << absl::StrFormat("%s %-16s %12.5f %8.2fx %11s  %s\n",
+                             chosen ? "*" : " ", mode.Label(), r.step_seconds,
+                             e2e_step / r.step_seconds, Percent(r.utilisation),
+                             idle);
+    }
   }
   if (o.has_mode && !chosen_found) {
     // n = 1 or a rule that costs the same as FURTHEST: its row stands for it.
@@ -388,28 +500,51 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
                            o.mode.Label(),
                            ModeSpec{false, o.mode.n, false}.Label());
   }
+  // A row of step times for e2e and 1-, 2-, 3-way.
+  auto sweep_row = [&](int sk, const ReplicaSpec& replicas) {
+    std::string line;
+    for (int n : {0, 1, 2, 3}) {
+      if (n > sk) {
+        absl::StrAppend(&line, absl::StrFormat(" %12s", "-"));
+        continue;
+      }
+      ModeSpec mode;
+      mode.e2e = n == 0;
+      mode.n = std::max(1, n);
+      mode.sum = o.sum_rule;
+      const SimResult r = PredictMode(p, sk, m, link, mode, replicas);
+      absl::StrAppend(&line, absl::StrFormat(" %12.5f", r.step_seconds));
+    }
+    return line;
+  };
   if (o.sweep) {
     out << absl::StrFormat(
         "\nStep time (s) of the profiled model cut into K blocks of equal "
-        "cost, M=%d, rule %s:\n",
-        m, o.sum_rule ? "sum" : "furthest");
+        "cost, M=%d, rule %s%s:\n",
+        m, o.sum_rule ? "sum" : "furthest",
+        replicated ? ", one replica each" : "");
     out << absl::StrFormat("  %4s %12s %12s %12s %12s\n", "K", "e2e", "1-way",
                            "2-way", "3-way");
     for (int sk : {2, 4, 8, 16}) {
-      std::string line = absl::StrFormat("  %4d", sk);
-      for (int n : {0, 1, 2, 3}) {
-        if (n > sk) {
-          absl::StrAppend(&line, absl::StrFormat(" %12s", "-"));
-          continue;
-        }
-        ModeSpec mode;
-        mode.e2e = n == 0;
-        mode.n = std::max(1, n);
-        mode.sum = o.sum_rule;
-        const SimResult r = PredictMode(p, sk, m, link, mode);
-        absl::StrAppend(&line, absl::StrFormat(" %12.5f", r.step_seconds));
-      }
-      out << line << "\n";
+      out << absl::StrFormat("  %4d", sk) << sweep_row(sk, {}) << "\n";
+    }
+  }
+  if (o.sweep && replicated) {
+    // The block with the most replicas, from one replica up to M.
+    const int grown = static_cast<int>(
+        std::max_element(rs.replicas.begin(), rs.replicas.end()) -
+        rs.replicas.begin());
+    out << absl::StrFormat(
+        "\nStep time (s) against block %d's replicas (the others as given), "
+        "K=%d, M=%d, rule %s:\n",
+        grown, k, m, o.sum_rule ? "sum" : "furthest");
+    out << absl::StrFormat("  %4s %12s %12s %12s %12s\n", "R", "e2e", "1-way",
+                           "2-way", "3-way");
+    for (int r : {1, 2, 3, 4, 6, 8}) {
+      if (r > m) break;
+      ReplicaSpec spec = rs;
+      spec.replicas[grown] = r;
+      out << absl::StrFormat("  %4d", r) << sweep_row(k, spec) << "\n";
     }
   }
   return 0;

@@ -11,6 +11,11 @@
 // parameter pass that also yields an upstream entry's input gradient
 // (PipelineShape::Shared) costs the parameter pass alone plus one such pass.
 // Per-micro- batch costs and message bytes scale by M_profile / M.
+//
+// Replicas (DESIGN §2.4): a block with R replicas is R tracks on the clock,
+// each running the micro-batches routed to it; its reduction costs what the
+// link model gives for its bytes (PipelineShape::ReductionSeconds, from the
+// trained parameter counts the profile records).
 #ifndef INTERLOCK_ANALYSIS_SIMULATE_H_
 #define INTERLOCK_ANALYSIS_SIMULATE_H_
 
@@ -68,6 +73,11 @@ struct Profile {
   // profiles from before codecs (fp32).
   std::string wire;
   std::vector<BlockProfile> per_block;
+  // Trained parameters per block; empty when the profile has none (older
+  // profiles): a reduction then costs only its latency.
+  std::vector<int64_t> parameters;
+  std::vector<int> replicas;  // the run's (empty: one each)
+  bool ring_reduction = false;
   double step_wall = 0.0;
   double step_virtual = 0.0;
 };
@@ -77,20 +87,31 @@ struct Profile {
 // malformed one.
 absl::StatusOr<Profile> LoadProfile(const std::string& path);
 
+// Replicas per block for a prediction (empty: one each) and their
+// reduction (RING, else ORDERED).
+struct ReplicaSpec {
+  std::vector<int> replicas;
+  bool ring = false;
+};
+// The profile's own.
+ReplicaSpec ProfileReplicas(const Profile& profile);
+
 // The pipeline of `mode` with `blocks` blocks and `microbatches` micro-batches
 // per step, costs taken from the profile: the measured ones when the number
-// of blocks matches, else the model cut into equal blocks.
+// of blocks matches, else the model cut into equal blocks (parameters too).
 struct ScaledPipeline {
   PipelineShape shape;
   std::vector<BlockProfile> costs;
 };
 ScaledPipeline ScaleProfile(const Profile& profile, int blocks,
                             int microbatches, const LinkModel& link,
-                            const ModeSpec& mode);
+                            const ModeSpec& mode,
+                            const ReplicaSpec& replicas = {});
 
 // Replays kSimSteps steps of the scaled pipeline.
 SimResult PredictMode(const Profile& profile, int blocks, int microbatches,
-                      const LinkModel& link, const ModeSpec& mode);
+                      const LinkModel& link, const ModeSpec& mode,
+                      const ReplicaSpec& replicas = {});
 
 // Every mode worth a row for K blocks: E2E, 1..K FURTHEST, and SUM for the
 // widths where it costs something else than FURTHEST.
@@ -105,6 +126,10 @@ struct SimulateOptions {
   bool sum_rule = false;    // --rule sum (sweep, chosen mode)
   double bandwidth = -1.0;  // bytes/s; < 0: the profile's link
   double latency = -1.0;    // seconds; < 0: the profile's link
+  // --replicas as given (empty: the profile's when K is, else one each);
+  // checked against K and M.
+  std::vector<int> replicas;
+  std::string reduction;  // "ordered", "ring" or empty (the profile's)
   bool sweep = false;
 };
 

@@ -21,11 +21,10 @@ namespace {
 constexpr struct {
   SpanKind kind;
   const char* colour;
-} kPhases[] = {{SpanKind::kForward, "#4e79a7"},
-               {SpanKind::kHead, "#f28e2b"},
-               {SpanKind::kBackward, "#e15759"},
-               {SpanKind::kOptimizer, "#59a14f"},
-               {SpanKind::kInputGrad, "#b07aa1"}};
+} kPhases[] = {
+    {SpanKind::kForward, "#4e79a7"},   {SpanKind::kHead, "#f28e2b"},
+    {SpanKind::kBackward, "#e15759"},  {SpanKind::kOptimizer, "#59a14f"},
+    {SpanKind::kInputGrad, "#b07aa1"}, {SpanKind::kReduce, "#9c755f"}};
 
 const char* Colour(SpanKind kind) {
   for (const auto& p : kPhases) {
@@ -34,10 +33,11 @@ const char* Colour(SpanKind kind) {
   return "#000000";
 }
 
-// Spans of each block in time order.
-std::map<int, std::vector<Span>> ByBlock(const std::vector<Span>& spans) {
+// Spans of each track (a block, or a replica of one) in time order.
+std::map<int, std::vector<Span>> ByTrack(const PipelineShape& shape,
+                                         const std::vector<Span>& spans) {
   std::map<int, std::vector<Span>> out;
-  for (const auto& s : spans) out[s.block].push_back(s);
+  for (const auto& s : spans) out[shape.Track(s.block, s.replica)].push_back(s);
   for (auto& [k, v] : out) {
     std::sort(v.begin(), v.end(),
               [](const Span& a, const Span& b) { return a.start < b.start; });
@@ -94,8 +94,18 @@ absl::Status WriteProfile(const PipelineSim& sim, const RunInfo& info,
     b->set_head(sim.BusyPhase(k, SpanKind::kHead) / mbs);
     b->set_backward(sim.BusyPhase(k, SpanKind::kBackward) / mbs);
     b->set_input_grad(sim.BusyPhase(k, SpanKind::kInputGrad) / mbs);
-    b->set_optimizer(sim.BusyPhase(k, SpanKind::kOptimizer) / steps);
+    // Every replica runs the optimizer step; the reduction is left out (the
+    // clock derives it from the link model and the parameters).
+    b->set_optimizer(sim.BusyPhase(k, SpanKind::kOptimizer) /
+                     (steps * sh.Replicas(k)));
+    if (sh.parameters[k] > 0) {
+      b->set_parameters(static_cast<double>(sh.parameters[k]));
+    }
   }
+  if (sh.Tracks() > sh.blocks) {
+    for (int r : sh.replicas) p.add_replicas(r);
+  }
+  p.set_reduction(sh.ring_reduction ? "ring" : "ordered");
   p.mutable_step_seconds()->set_wall(info.mean_step_wall);
   p.mutable_step_seconds()->set_virtual_(info.mean_step_virtual);
   return WriteProfileFile(path, p);
@@ -103,23 +113,32 @@ absl::Status WriteProfile(const PipelineSim& sim, const RunInfo& info,
 
 absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
                            const std::string& dir) {
-  const int k_blocks = sim.shape().blocks;
-  const auto blocks = ByBlock(sim.spans());
-  // Chrome trace events, microseconds, one track (tid) per block.
+  const PipelineShape& sh = sim.shape();
+  const int k_blocks = sh.blocks;
+  const int tracks = sh.Tracks();
+  const auto by_track = ByTrack(sh, sim.spans());
+  // Chrome trace events, microseconds, one track (tid) per block, or per
+  // replica ("block k.r") where a block has replicas.
+  std::vector<std::string> names;
+  for (int k = 0; k < k_blocks; ++k) {
+    for (int r = 0; r < sh.Replicas(k); ++r) {
+      names.push_back(sh.Replicas(k) > 1 ? absl::StrCat("block ", k, ".", r)
+                                         : absl::StrCat("block ", k));
+    }
+  }
   v1::Trace trace;
   trace.set_displaytimeunit("ms");
   auto& other = *trace.mutable_otherdata()->mutable_fields();
   other["clock"].set_string_value("virtual");
   other["run"].set_string_value(info.name);
   other["mode"].set_string_value(info.mode);
-  for (int k = 0; k < k_blocks; ++k) {
+  for (int k = 0; k < tracks; ++k) {
     v1::TraceEvent* e = trace.add_traceevents();
     e->set_name("thread_name");
     e->set_ph("M");
     e->set_pid(1);
     e->set_tid(k);
-    (*e->mutable_args()->mutable_fields())["name"].set_string_value(
-        absl::StrCat("block ", k));
+    (*e->mutable_args()->mutable_fields())["name"].set_string_value(names[k]);
   }
   auto event = [&](const std::string& name, int k, double start, double end) {
     v1::TraceEvent* e = trace.add_traceevents();
@@ -131,7 +150,7 @@ absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
     e->set_dur((end - start) * 1e6);
     return e->mutable_args()->mutable_fields();
   };
-  for (const auto& [k, spans] : blocks) {
+  for (const auto& [k, spans] : by_track) {
     double t = 0.0;
     for (const auto& s : spans) {
       if (s.start > t + 1e-9) event("waiting", k, t, s.start);
@@ -160,26 +179,28 @@ absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
   for (const auto& s : sim.spans()) {
     if (s.step < first || s.step >= last) continue;
     absl::StrAppendFormat(&data, "%.6f %.6f %d 0x%s\n", (s.start - x0) * 1e3,
-                          (s.end - x0) * 1e3, s.block, Colour(s.kind) + 1);
+                          (s.end - x0) * 1e3, sh.Track(s.block, s.replica),
+                          Colour(s.kind) + 1);
   }
   std::vector<std::string> ytics;
-  for (int k = 0; k < k_blocks; ++k) {
-    ytics.push_back(absl::StrCat("\"block ", k, "\" ", k));
+  for (int k = 0; k < tracks; ++k) {
+    ytics.push_back(absl::StrCat("\"", names[k], "\" ", k));
   }
   std::string legend;
   for (const auto& p : kPhases) {
+    if (p.kind == SpanKind::kReduce && tracks == k_blocks) continue;
     absl::StrAppend(&legend, ", NaN with boxes lc rgb '", p.colour, "' title '",
                     SpanKindName(p.kind), "'");
   }
   const std::string script = absl::StrCat(
-      "set terminal pngcairo size 1200,", 140 + 60 * k_blocks,
+      "set terminal pngcairo size 1200,", 140 + 60 * tracks,
       " font ',10' noenhanced\nset output ",
       GnuplotQuote(dir + "/timeline.png"), "\nset title ",
       GnuplotQuote(absl::StrCat(info.name, ", ", info.mode,
                                 ": virtual timeline of steps ", first, "-",
                                 last - 1, " (blank = waiting)")),
       "\nset xlabel 'virtual time (ms)'\nset ytics (",
-      absl::StrJoin(ytics, ", "), ")\nset yrange [", k_blocks - 0.5,
+      absl::StrJoin(ytics, ", "), ")\nset yrange [", tracks - 0.5,
       ":-0.5]\nset xrange [0:", (x1 - x0) * 1e3,
       "]\nset style fill solid 1.0 noborder\n",
       "set key outside right top\nset grid xtics\n$spans << EOD\n", data,

@@ -26,13 +26,15 @@ struct RunInfo {
 };
 
 // profile.json: per-block mean durations (per micro-batch; optimizer per
-// step), link bytes and model, and the run's mean step times.
+// step and replica), trained parameters, link bytes and model, and the
+// run's mean step times.
 absl::Status WriteProfile(const PipelineSim& sim, const RunInfo& info,
                           const std::string& path);
 
-// DIR/timeline.json (Chrome trace event format: one track per block, spans
-// for forward, head, backward, optimizer and waiting) over the kept steps,
-// and DIR/timeline.png (gnuplot) over a few steps after the first.
+// DIR/timeline.json (Chrome trace event format: one track per block, or
+// per replica where a block has several; spans for forward, head, backward,
+// optimizer, reduction and waiting) over the kept steps, and
+// DIR/timeline.png (gnuplot) over a few steps after the first.
 absl::Status WriteTimeline(const PipelineSim& sim, const RunInfo& info,
                            const std::string& dir);
 

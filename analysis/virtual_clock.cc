@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "analysis/replica_routes.h"
+
 namespace interlock {
 
 const char* SpanKindName(SpanKind kind) {
@@ -16,17 +18,87 @@ const char* SpanKindName(SpanKind kind) {
       return "optimizer";
     case SpanKind::kInputGrad:
       return "input_grad";
+    case SpanKind::kReduce:
+      return "reduce";
   }
   return "?";
 }
 
 PipelineSim::PipelineSim(PipelineShape shape, int64_t keep_span_steps)
-    : shape_(std::move(shape)),
-      keep_span_steps_(keep_span_steps),
-      blocks_(shape_.blocks) {
+    : shape_(std::move(shape)), keep_span_steps_(keep_span_steps) {
   shape_.down_bytes.resize(std::max(0, shape_.blocks - 1), 0);
   shape_.up_bytes.resize(std::max(0, shape_.blocks - 1), 0);
   shape_.window = std::max(1, shape_.window);
+  shape_.replicas.resize(shape_.blocks, 1);
+  for (int& r : shape_.replicas) r = std::max(1, r);
+  shape_.parameters.resize(shape_.blocks, 0);
+  replicated_ = Replicated(shape_.replicas);
+  for (int k = 0; k < shape_.blocks; ++k) {
+    for (int r = 0; r < shape_.replicas[k]; ++r) {
+      Track& t = tracks_.emplace_back();
+      t.block = k;
+      t.replica = r;
+    }
+  }
+  for (int k = 0; k < static_cast<int>(tracks_.size()); ++k) BeginStep(k, 0);
+}
+
+double PipelineSim::Busy(int block) const {
+  double busy = 0;
+  for (int r = 0; r < shape_.Replicas(block); ++r) {
+    busy += ReplicaBusy(block, r);
+  }
+  return busy;
+}
+
+double PipelineSim::BusyPhase(int block, SpanKind kind) const {
+  double busy = 0;
+  for (int r = 0; r < shape_.Replicas(block); ++r) {
+    busy += tracks_[shape_.Track(block, r)].phase_busy[static_cast<int>(kind)];
+  }
+  return busy;
+}
+
+int PipelineSim::TrackOf(int block, int64_t step, int mb) {
+  const int first = shape_.Track(block, 0);
+  if (shape_.Replicas(block) == 1) return first;
+  auto it = routes_.find(step);
+  if (it == routes_.end()) {
+    it = routes_
+             .emplace(step,
+                      RouteStep(step, shape_.microbatches, shape_.replicas))
+             .first;
+  }
+  return first + it->second[static_cast<size_t>(mb) * shape_.blocks + block];
+}
+
+void PipelineSim::BeginStep(int k, int64_t step) {
+  Track& t = tracks_[k];
+  t.step = step;
+  t.forwarded = t.backwarded = 0;
+  t.at_reduction = t.reduced = false;
+  t.own.clear();
+  for (int mb = 0; mb < shape_.microbatches; ++mb) {
+    if (TrackOf(t.block, step, mb) == k) t.own.push_back(mb);
+  }
+}
+
+void PipelineSim::ArriveAtReduction(int k, double t) {
+  Track& tr = tracks_[k];
+  tr.at_reduction = true;
+  Barrier& b = barriers_[{tr.step, tr.block}];
+  ++b.arrived;
+  b.last = std::max(b.last, t);
+  if (b.arrived < shape_.Replicas(tr.block)) return;
+  // Everyone is in: the reduction runs from the last arrival on every
+  // replica at once, and ends together.
+  const double seconds = shape_.ReductionSeconds(tr.block);
+  const int first = shape_.Track(tr.block, 0);
+  for (int r = 0; r < shape_.Replicas(tr.block); ++r) {
+    AddSpan(first + r, SpanKind::kReduce, tr.step, -1, b.last, seconds);
+    Push(b.last + seconds, first + r, MsgKind::kReduced, tr.step, -1);
+  }
+  barriers_.erase({tr.step, tr.block});
 }
 
 void PipelineSim::SetMicrobatch(int64_t step, int mb,
@@ -65,11 +137,12 @@ void PipelineSim::Push(double time, int dest, MsgKind kind, int64_t step,
 
 void PipelineSim::AddSpan(int k, SpanKind kind, int64_t step, int mb,
                           double start, double seconds) {
-  Block& b = blocks_[k];
+  Track& b = tracks_[k];
   b.busy += seconds;
   b.phase_busy[static_cast<int>(kind)] += seconds;
   if (step < keep_span_steps_ && seconds > 0) {
-    spans_.push_back(Span{k, kind, step, mb, start, start + seconds});
+    spans_.push_back(
+        Span{b.block, kind, step, mb, start, start + seconds, b.replica});
   }
 }
 
@@ -80,8 +153,10 @@ bool PipelineSim::Submit(double t) {
       // Unknown whether the runner submits more: wait for it to say.
       return finished_;
     }
-    Push(t + shape_.link.Seconds(shape_.input_bytes), 0, MsgKind::kForward,
-         sent_ / m, static_cast<int>(sent_ % m));
+    const int64_t step = sent_ / m;
+    const int mb = static_cast<int>(sent_ % m);
+    Push(t + shape_.link.Seconds(shape_.input_bytes), TrackOf(0, step, mb),
+         MsgKind::kForward, step, mb);
     ++sent_;
   }
   return true;
@@ -90,50 +165,58 @@ bool PipelineSim::Submit(double t) {
 // Upstream entry i of block k, sent to block k-1 as its downstream entry i.
 void PipelineSim::EntryPass(int k, int64_t step, int mb, int i,
                             const MbDurations& d, double& t) {
-  const double seconds = d.input_grad / std::max(1, shape_.EarlyCount(k));
+  const int block = tracks_[k].block;
+  const double seconds = d.input_grad / std::max(1, shape_.EarlyCount(block));
   AddSpan(k, SpanKind::kInputGrad, step, mb, t, seconds);
   t += seconds;
   const int64_t entry_bytes =
-      shape_.up_bytes[k - 1] / std::max(1, shape_.Down(k - 1));
-  Push(t + shape_.link.Seconds(entry_bytes), k - 1, MsgKind::kGradient, step,
-       mb, i);
+      shape_.up_bytes[block - 1] / std::max(1, shape_.Down(block - 1));
+  Push(t + shape_.link.Seconds(entry_bytes), TrackOf(block - 1, step, mb),
+       MsgKind::kGradient, step, mb, i);
 }
 
 void PipelineSim::SendFinal(int k, int mb, int64_t step, double t) {
   // Reports and timings only: small.
-  Push(t + shape_.link.Seconds(0), k - 1,
-       k == 0 ? MsgKind::kCompletion : MsgKind::kFinal, step, mb);
-  blocks_[k].states.erase({step, mb});
+  const int block = tracks_[k].block;
+  Push(t + shape_.link.Seconds(0),
+       block == 0 ? -1 : TrackOf(block - 1, step, mb),
+       block == 0 ? MsgKind::kCompletion : MsgKind::kFinal, step, mb);
+  tracks_[k].states.erase({step, mb});
 }
 
 void PipelineSim::Backward(int k, int mb, double& t) {
-  Block& b = blocks_[k];
-  const MbDurations& d = *Durations(b.step, mb, k);
+  Track& b = tracks_[k];
+  const int block = b.block;
+  const MbDurations& d = *Durations(b.step, mb, block);
   AddSpan(k, SpanKind::kBackward, b.step, mb, t, d.backward);
   t += d.backward;
   ++b.backwarded;
-  const int shared = shape_.Shared(k);
+  const int shared = shape_.Shared(block);
   if (shared >= 0) {
     const int64_t entry_bytes =
-        shape_.up_bytes[k - 1] / std::max(1, shape_.Down(k - 1));
-    Push(t + shape_.link.Seconds(entry_bytes), k - 1, MsgKind::kGradient,
-         b.step, mb, shared);
+        shape_.up_bytes[block - 1] / std::max(1, shape_.Down(block - 1));
+    Push(t + shape_.link.Seconds(entry_bytes), TrackOf(block - 1, b.step, mb),
+         MsgKind::kGradient, b.step, mb, shared);
   }
   MbState& st = b.states[{b.step, mb}];
   st.backward_done = true;
-  if (st.below_seen || k + 1 == shape_.blocks) SendFinal(k, mb, b.step, t);
+  if (st.below_seen || block + 1 == shape_.blocks) {
+    SendFinal(k, mb, b.step, t);
+  }
 }
 
 bool PipelineSim::Drain(int k, double& t) {
-  Block& b = blocks_[k];
-  const int m = shape_.microbatches;
-  const int down = shape_.Down(k);
+  Track& b = tracks_[k];
+  const int block = b.block;
+  const int mine = static_cast<int>(b.own.size());
+  const int down = shape_.Down(block);
   bool progress = true;
   while (progress) {
     progress = false;
-    if (b.forwarded < m && b.forward_queue.count({b.step, b.forwarded})) {
-      const int mb = b.forwarded;
-      const MbDurations* d = Durations(b.step, mb, k);
+    if (b.forwarded < mine &&
+        b.forward_queue.count({b.step, b.own[b.forwarded]})) {
+      const int mb = b.own[b.forwarded];
+      const MbDurations* d = Durations(b.step, mb, block);
       if (d == nullptr) return false;
       b.forward_queue.erase({b.step, mb});
       AddSpan(k, SpanKind::kForward, b.step, mb, t, d->forward);
@@ -142,34 +225,38 @@ bool PipelineSim::Drain(int k, double& t) {
       t += d->head;
       ++b.forwarded;
       // Entries that train no block never come (GradientLists::Used).
-      b.states[{b.step, mb}].down_count += shape_.Lists().UnusedDown(k);
-      if (k + 1 < shape_.blocks) {
-        Push(t + shape_.link.Seconds(shape_.down_bytes[k]), k + 1,
-             MsgKind::kForward, b.step, mb);
+      b.states[{b.step, mb}].down_count += shape_.Lists().UnusedDown(block);
+      if (block + 1 < shape_.blocks) {
+        Push(t + shape_.link.Seconds(shape_.down_bytes[block]),
+             TrackOf(block + 1, b.step, mb), MsgKind::kForward, b.step, mb);
       }
-      if (shape_.Early(k, 0)) EntryPass(k, b.step, mb, 0, *d, t);
+      if (shape_.Early(block, 0)) EntryPass(k, b.step, mb, 0, *d, t);
       if (down == 0) Backward(k, mb, t);
       progress = true;
     }
     if (down > 0 && b.backwarded < b.forwarded) {
-      auto it = b.states.find({b.step, b.backwarded});
+      const int mb = b.own[b.backwarded];
+      auto it = b.states.find({b.step, mb});
       if (it != b.states.end() && it->second.down_count == down) {
-        if (Durations(b.step, b.backwarded, k) == nullptr) return false;
-        Backward(k, b.backwarded, t);
+        if (Durations(b.step, mb, block) == nullptr) return false;
+        Backward(k, mb, t);
         progress = true;
       }
     }
-    if (b.backwarded == m) {
-      auto it = optimizer_.find({b.step, k});
+    if (b.backwarded == mine) {
+      if (shape_.Replicas(block) > 1 && !b.reduced) {
+        // The optimizer step waits for the reduction (a kReduced event).
+        if (!b.at_reduction) ArriveAtReduction(k, t);
+        break;
+      }
+      auto it = optimizer_.find({b.step, block});
       if (it == optimizer_.end()) return false;
       AddSpan(k, SpanKind::kOptimizer, b.step, -1, t, it->second);
       t += it->second;
-      optimizer_.erase(it);
       auto& [count, end] = partial_end_[b.step];
       ++count;
       end = std::max(end, t);
-      ++b.step;
-      b.forwarded = b.backwarded = 0;
+      BeginStep(k, b.step + 1);
       progress = true;
     }
   }
@@ -178,15 +265,15 @@ bool PipelineSim::Drain(int k, double& t) {
 }
 
 bool PipelineSim::Deliver(const Event& e, double& t) {
-  Block& b = blocks_[e.dest];
+  Track& b = tracks_[e.dest];
   switch (e.kind) {
     case MsgKind::kForward:
       b.forward_queue.insert({e.step, e.mb});
       return true;
     case MsgKind::kGradient: {
       // Downstream entry j is list entry j + 1: its early pass runs now.
-      const bool pass = shape_.Early(e.dest, e.entry + 1);
-      const MbDurations* d = Durations(e.step, e.mb, e.dest);
+      const bool pass = shape_.Early(b.block, e.entry + 1);
+      const MbDurations* d = Durations(e.step, e.mb, b.block);
       if (pass && d == nullptr) return false;
       ++b.states[{e.step, e.mb}].down_count;
       if (pass) EntryPass(e.dest, e.step, e.mb, e.entry + 1, *d, t);
@@ -199,6 +286,9 @@ bool PipelineSim::Deliver(const Event& e, double& t) {
       if (st.backward_done) SendFinal(e.dest, e.mb, e.step, t);
       return true;
     }
+    case MsgKind::kReduced:
+      b.reduced = true;
+      return true;
     case MsgKind::kCompletion:
       break;
   }
@@ -207,7 +297,7 @@ bool PipelineSim::Deliver(const Event& e, double& t) {
 
 void PipelineSim::RecordFinishedSteps() {
   for (auto it = partial_end_.find(steps_finished());
-       it != partial_end_.end() && it->second.first == shape_.blocks;
+       it != partial_end_.end() && it->second.first == shape_.Tracks();
        it = partial_end_.find(steps_finished())) {
     step_end_.push_back(it->second.second);
     partial_end_.erase(it);
@@ -215,6 +305,9 @@ void PipelineSim::RecordFinishedSteps() {
     const int64_t done = steps_finished() - 1;
     mb_durations_.erase(mb_durations_.lower_bound({done, 0}),
                         mb_durations_.lower_bound({done + 1, 0}));
+    optimizer_.erase(optimizer_.lower_bound({done, 0}),
+                     optimizer_.lower_bound({done + 1, 0}));
+    routes_.erase(done);
   }
 }
 
@@ -258,7 +351,7 @@ void PipelineSim::AdvanceEvents() {
       }
       continue;
     }
-    double t = std::max(blocks_[e.dest].free_at, e.time);
+    double t = std::max(tracks_[e.dest].free_at, e.time);
     if (!Deliver(e, t)) {
       stall_ = Stall::kDeliver;
       stalled_event_ = e;
@@ -304,13 +397,21 @@ SimResult Simulate(const PipelineShape& shape,
   const double from = warmup == 0 ? 0.0 : sim.StepEnd(warmup - 1);
   r.elapsed = sim.StepEnd(steps - 1);
   r.step_seconds = (r.elapsed - from) / static_cast<double>(steps - warmup);
+  const PipelineShape& sh = sim.shape();
+  auto ratio = [&](double busy, int tracks) {
+    return r.elapsed > 0 ? busy / (tracks * r.elapsed) : 0.0;
+  };
   double total = 0;
   for (int k = 0; k < shape.blocks; ++k) {
     const double busy = sim.Busy(k);
     total += busy;
-    r.busy_ratio.push_back(r.elapsed > 0 ? busy / r.elapsed : 0.0);
+    r.busy_ratio.push_back(ratio(busy, sh.Replicas(k)));
+    auto& replicas = r.replica_busy_ratio.emplace_back();
+    for (int i = 0; i < sh.Replicas(k); ++i) {
+      replicas.push_back(ratio(sim.ReplicaBusy(k, i), 1));
+    }
   }
-  r.utilisation = r.elapsed > 0 ? total / (shape.blocks * r.elapsed) : 0.0;
+  r.utilisation = ratio(total, sh.Tracks());
   return r;
 }
 

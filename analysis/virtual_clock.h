@@ -17,12 +17,23 @@
 // keeps `window` micro-batches in flight and submits the next one when a
 // completion comes back from block 0. Evaluation is not part of the clock.
 //
+// Block replicas (DESIGN §2.4): each replica is a track of its own (its own
+// busy timeline). Micro-batch m of a step runs on the replica of block k the
+// coordinator routes it to (RouteStep, analysis/replica_routes.h), and a
+// replica runs its own micro-batches in micro-batch order, as
+// services/driver.cc does. After its last backward pass of a step a replica
+// waits for the others at the reduction; the reduction starts when the last
+// one arrives and costs PipelineShape::ReductionSeconds on every replica;
+// then each replica runs the optimizer step. With one replica per block the
+// replay is the one above, unchanged.
+//
 // No LibTorch and no gRPC here: the same replay serves the training runner
 // (durations arrive as the run goes) and the simulator (durations from a
 // profile).
 #ifndef INTERLOCK_ANALYSIS_VIRTUAL_CLOCK_H_
 #define INTERLOCK_ANALYSIS_VIRTUAL_CLOCK_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -47,6 +58,14 @@ struct LinkModel {
            (bytes_per_second > 0 ? static_cast<double>(bytes) / bytes_per_second
                                  : 0.0);
   }
+  // A ring all-reduce (Gloo's algorithm) of `bytes` over `members`: a
+  // reduce-scatter and an all-gather, 2 (R - 1) hops of bytes / R each, so
+  // every member sends 2 (R - 1) / R of the bytes: 2 (R - 1) (latency +
+  // bytes / (R bandwidth)). Zero for one member.
+  double AllReduceSeconds(int members, int64_t bytes) const {
+    if (members <= 1) return 0.0;
+    return 2.0 * (members - 1) * Seconds(bytes / members);
+  }
 };
 
 struct PipelineShape {
@@ -62,6 +81,39 @@ struct PipelineShape {
   // Block k+1 -> k per micro-batch: the whole gradient list (K-1).
   std::vector<int64_t> up_bytes;
   LinkModel link;
+  // Replicas per block (empty: one each) and what their reduction moves:
+  // each block's trained parameters P (block and head; empty or 0: only
+  // the reduction's latency counts) and training.reduction.
+  std::vector<int> replicas;
+  std::vector<int64_t> parameters;
+  bool ring_reduction = false;
+
+  int Replicas(int k) const {
+    return k < static_cast<int>(replicas.size()) ? std::max(1, replicas[k]) : 1;
+  }
+  // Tracks (one per replica), block by block: replica r of block k is
+  // track Track(k, r); with one replica each, track k is block k.
+  int Track(int k, int r) const {
+    int t = r;
+    for (int j = 0; j < k; ++j) t += Replicas(j);
+    return t;
+  }
+  int Tracks() const { return Track(blocks, 0); }
+  // Bytes one replica of block k puts into the gradient reduction per step
+  // (services/replication.h): ORDERED sums the M x P float32 rows of
+  // per-micro-batch gradients, RING the P float32 accumulated gradients.
+  int64_t ReductionBytes(int k) const {
+    const int64_t p =
+        k < static_cast<int>(parameters.size()) ? parameters[k] : 0;
+    return (ring_reduction ? 1 : microbatches) * p * 4;
+  }
+  // Seconds of block k's reduction per step: two ring all-reduces, the
+  // small per-micro-batch metadata (latency only) and the gradients.
+  double ReductionSeconds(int k) const {
+    const int r = Replicas(k);
+    return link.AllReduceSeconds(r, 0) +
+           link.AllReduceSeconds(r, ReductionBytes(k));
+  }
 
   // The gradient lists of services/trainer.h.
   GradientLists Lists() const {
@@ -82,8 +134,15 @@ struct MbDurations {
   double input_grad = 0.0;  // the early input-gradient passes together
 };
 
-enum class SpanKind { kForward, kHead, kBackward, kOptimizer, kInputGrad };
-constexpr int kSpanKinds = 5;
+enum class SpanKind {
+  kForward,
+  kHead,
+  kBackward,
+  kOptimizer,
+  kInputGrad,
+  kReduce,  // the replicas' gradient reduction
+};
+constexpr int kSpanKinds = 6;
 const char* SpanKindName(SpanKind kind);
 
 struct Span {
@@ -93,6 +152,7 @@ struct Span {
   int mb = -1;  // -1 for the optimizer step
   double start = 0.0;
   double end = 0.0;
+  int replica = 0;
 };
 
 class PipelineSim {
@@ -120,9 +180,12 @@ class PipelineSim {
   double StepEnd(int64_t s) const { return step_end_[s]; }
   // Latest time the replay has reached (a lower bound for what follows).
   double Now() const { return now_; }
-  double Busy(int block) const { return blocks_[block].busy; }
-  double BusyPhase(int block, SpanKind kind) const {
-    return blocks_[block].phase_busy[static_cast<int>(kind)];
+  // Busy seconds of a block: the sum over its replicas.
+  double Busy(int block) const;
+  double BusyPhase(int block, SpanKind kind) const;
+  // Busy seconds of one replica of a block.
+  double ReplicaBusy(int block, int replica) const {
+    return tracks_[shape_.Track(block, replica)].busy;
   }
   const std::vector<Span>& spans() const { return spans_; }
   const PipelineShape& shape() const { return shape_; }
@@ -133,21 +196,32 @@ class PipelineSim {
     bool below_seen = false;  // the final message from below
     int down_count = 0;       // gradient entries from below so far
   };
-  struct Block {
+  // One replica of a block (one block without replicas).
+  struct Track {
+    int block = 0;
+    int replica = 0;
     int64_t step = 0;
-    int forwarded = 0;
+    std::vector<int> own;  // this step's micro-batches here, in order
+    int forwarded = 0;     // of `own`
     int backwarded = 0;
+    bool at_reduction = false;  // waiting for, or in, the step's reduction
+    bool reduced = false;       // the optimizer step may run
     std::set<std::pair<int64_t, int>> forward_queue;
     std::map<std::pair<int64_t, int>, MbState> states;
     double free_at = 0.0;
     double busy = 0.0;
     double phase_busy[kSpanKinds] = {};
   };
-  enum class MsgKind { kForward, kGradient, kFinal, kCompletion };
+  // The replicas of a block that reached a step's reduction.
+  struct Barrier {
+    int arrived = 0;
+    double last = 0.0;
+  };
+  enum class MsgKind { kForward, kGradient, kFinal, kCompletion, kReduced };
   struct Event {
     double time = 0.0;
     int64_t seq = 0;
-    int dest = 0;  // block (-1: the coordinator)
+    int dest = 0;  // track (-1: the coordinator)
     MsgKind kind = MsgKind::kForward;
     int64_t step = 0;
     int mb = 0;
@@ -159,6 +233,7 @@ class PipelineSim {
 
   // These return false when they need a duration or a submission not known
   // yet; see stall_ for how the replay picks up from there.
+  // `k` below is a track; tracks_[k].block its block.
   bool Deliver(const Event& e, double& t);
   bool Drain(int k, double& t);
   bool Submit(double t);
@@ -173,10 +248,20 @@ class PipelineSim {
   void AddSpan(int k, SpanKind kind, int64_t step, int mb, double start,
                double seconds);
   const MbDurations* Durations(int64_t step, int mb, int k) const;
+  // The track of block `block` that runs micro-batch mb of `step`.
+  int TrackOf(int block, int64_t step, int mb);
+  // Starts track k's step `step`: which micro-batches it runs.
+  void BeginStep(int k, int64_t step);
+  // Track k reached its step's reduction at t; the last replica to arrive
+  // starts it, and every replica hears when it ends.
+  void ArriveAtReduction(int k, double t);
 
   PipelineShape shape_;
   int64_t keep_span_steps_;
-  std::vector<Block> blocks_;
+  std::vector<Track> tracks_;
+  bool replicated_ = false;
+  std::map<int64_t, std::vector<int32_t>> routes_;       // by step
+  std::map<std::pair<int64_t, int>, Barrier> barriers_;  // (step, block)
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   int64_t seq_ = 0;
   std::map<std::pair<int64_t, int>, std::vector<MbDurations>> mb_durations_;
@@ -195,7 +280,8 @@ class PipelineSim {
   double now_ = 0.0;
   std::vector<double> step_end_;
   std::vector<Span> spans_;
-  std::map<int64_t, std::pair<int, double>> partial_end_;  // blocks, max end
+  // Tracks that stepped, and the latest end.
+  std::map<int64_t, std::pair<int, double>> partial_end_;
 };
 
 // Per-block means of a run, enough to predict other shapes (simulate).
@@ -208,10 +294,13 @@ struct BlockProfile {
 };
 
 struct SimResult {
-  double step_seconds = 0.0;       // mean over the steady steps
-  double elapsed = 0.0;            // end of the last step
-  std::vector<double> busy_ratio;  // per block: busy / elapsed
-  double utilisation = 0.0;        // sum busy / (K * elapsed)
+  double step_seconds = 0.0;  // mean over the steady steps
+  double elapsed = 0.0;       // end of the last step
+  // Per block: busy / (replicas * elapsed), the mean over its replicas.
+  std::vector<double> busy_ratio;
+  // Per block, then replica: busy / elapsed.
+  std::vector<std::vector<double>> replica_busy_ratio;
+  double utilisation = 0.0;  // sum busy / (tracks * elapsed)
 };
 
 // Replays `steps` steps with the same durations for every micro-batch.

@@ -52,9 +52,11 @@ ABSL_FLAG(std::string, workers, "",
           "replicas of a block by '+' (a:1+a:2,b:1); empty starts a local "
           "cluster on loopback");
 ABSL_FLAG(std::string, replicas, "",
-          "local cluster: worker replicas per block, e.g. 2,1,1,1 (empty: one "
-          "each); the replicas of a block reduce their gradients as "
-          "training.reduction says");
+          "replicas per block, e.g. 2,1,1,1 (empty: one each). A local "
+          "cluster starts that many workers per block, which reduce their "
+          "gradients as training.reduction says; in process it only informs "
+          "the virtual clock (the run is the single chain, which ORDERED "
+          "replicas equal bitwise); simulate: predict with these replicas");
 ABSL_FLAG(std::string, collective_host, "",
           "cluster with replicas: the address of this machine the workers "
           "reach the reduction rendezvous store at (empty: 127.0.0.1 for a "
@@ -94,6 +96,9 @@ ABSL_FLAG(int, blocks, 0,
           "than measured cuts the model into K blocks of equal cost");
 ABSL_FLAG(int, microbatches, 0,
           "simulate: micro-batches per step (0: the profile's)");
+ABSL_FLAG(std::string, reduction, "",
+          "simulate: the replicas' reduction, ordered or ring (empty: the "
+          "profile's run's)");
 ABSL_FLAG(bool, sweep, false,
           "simulate: also print step time against K = 2, 4, 8, 16 for e2e, "
           "1-, 2- and 3-way");
@@ -146,10 +151,11 @@ const char kUsage[] =
     "[--wire fp32,bf16,int8,...] [--budget-virtual T | --budget T | --steps N] "
     "--out DIR "
     "[--engine inprocess|cluster] [--device D] [--seed S] "
-    "[--threads-per-block T]\n"
+    "[--threads-per-block T] [--replicas 2,1,...]\n"
     "  interlock simulate --profile DIR [--blocks K] [--n N|e2e] "
     "[--rule furthest|sum] [--microbatches M] [--link-bandwidth B] "
-    "[--link-latency T] [--sweep] (an input-gradient-only pass the profile "
+    "[--link-latency T] [--replicas 2,1,...] [--reduction ordered|ring] "
+    "[--sweep] (an input-gradient-only pass the profile "
     "did not measure counts 0.5 of the parameter backward pass)";
 
 int Fail(const std::string& message, int code) {
@@ -291,9 +297,6 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
   }
   if (const std::string replicas = absl::GetFlag(FLAGS_replicas);
       !replicas.empty()) {
-    if (options.engine.kind != interlock::EngineKind::kCluster) {
-      return Fail("--replicas needs --engine cluster", 2);
-    }
     if (!workers.empty()) {
       return Fail(
           "--replicas: with --workers, list each block's replicas there "

@@ -33,6 +33,8 @@ ABSL_DECLARE_FLAG(std::string, profile);
 ABSL_DECLARE_FLAG(int, blocks);
 ABSL_DECLARE_FLAG(int, microbatches);
 ABSL_DECLARE_FLAG(bool, sweep);
+ABSL_DECLARE_FLAG(std::string, replicas);
+ABSL_DECLARE_FLAG(std::string, reduction);
 ABSL_DECLARE_FLAG(int64_t, checkpoint_every);
 ABSL_DECLARE_FLAG(std::string, checkpoint_dir);
 ABSL_DECLARE_FLAG(int, keep_checkpoints);

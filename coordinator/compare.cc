@@ -130,10 +130,12 @@ std::vector<int64_t> PredictSteps(const RunConfig& config,
   const double cores = std::max(1u, std::thread::hardware_concurrency());
   // Predicted virtual and wall step time of a run.
   auto predict = [&](const Variant& v) {
-    const SimResult s =
-        PredictMode(WithCodecs(*profile, runs[0].wire, v.wire), profile->blocks,
-                    profile->microbatches, o.train.link, v.mode);
-    const double busy = s.utilisation * profile->blocks * s.step_seconds;
+    const SimResult s = PredictMode(
+        WithCodecs(*profile, runs[0].wire, v.wire), profile->blocks,
+        profile->microbatches, o.train.link, v.mode, ProfileReplicas(*profile));
+    double tracks = 0;  // one per replica
+    for (const auto& replicas : s.replica_busy_ratio) tracks += replicas.size();
+    const double busy = s.utilisation * tracks * s.step_seconds;
     return std::make_pair(
         s.step_seconds, serial ? busy : std::max(s.step_seconds, busy / cores));
   };

@@ -16,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/replica_routes.h"
 #include "analysis/simulate.h"
 #include "coordinator/cli_flags.h"
 #include "coordinator/compare.h"
@@ -254,6 +255,13 @@ int RunSimulate() {
       return Fail("--link-latency: must be a finite time >= 0", 2);
     }
   }
+  if (const std::string replicas = absl::GetFlag(FLAGS_replicas);
+      !replicas.empty() || Given(FLAGS_replicas)) {
+    auto counts = interlock::ParseReplicas(replicas);
+    if (!counts.ok()) return Fail(std::string(counts.status().message()), 2);
+    o.replicas = *std::move(counts);
+  }
+  o.reduction = absl::AsciiStrToLower(absl::GetFlag(FLAGS_reduction));
   return interlock::SimulateMain(o, std::cout, std::cerr);
 }
 #endif  // INTERLOCK_COORDINATOR_BINARY

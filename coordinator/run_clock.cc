@@ -26,10 +26,14 @@ absl::Status RunClock::Start(const interlock::v1::RunConfig& config,
   sh.compute_unused = t.compute_unused_gradients();
   sh.link = link_;
   sh.input_bytes = input_bytes + target_bytes;
-  ASSIGN_OR_RETURN(auto outs, BlockOutputShapes(config.model(), shape));
+  sh.replicas = replicas_;
+  sh.ring_reduction = t.reduction() == TrainingSpec::RING;
+  ASSIGN_OR_RETURN(ModelProbe probe,
+                   ProbeModel(config.model(), shape, /*with_heads=*/!sh.e2e));
+  sh.parameters = probe.trained_parameters;
   for (int k = 0; k + 1 < blocks; ++k) {
     int64_t elements = rows;
-    for (int64_t d : outs[k]) elements *= d;
+    for (int64_t d : probe.output_shapes[k]) elements *= d;
     sh.down_bytes.push_back(
         codec.activations().MaxEncodedBytes(torch::kFloat32, elements) +
         target_bytes);
@@ -104,10 +108,11 @@ bool RunClock::WouldExceed(int64_t s, double budget) {
 }
 
 std::vector<double> RunClock::BusyNow() const {
-  const int k = sim_->shape().blocks;
-  std::vector<double> busy(k);
-  for (int b = 0; b < k; ++b) {
-    busy[b] = sim_->Now() > 0 ? sim_->Busy(b) / sim_->Now() : 0.0;
+  const PipelineShape& sh = sim_->shape();
+  std::vector<double> busy(sh.blocks);
+  for (int b = 0; b < sh.blocks; ++b) {
+    busy[b] =
+        sim_->Now() > 0 ? sim_->Busy(b) / (sh.Replicas(b) * sim_->Now()) : 0.0;
   }
   return busy;
 }
@@ -118,16 +123,23 @@ ClockSummary RunClock::Summary(int64_t steps) const {
   if (!sim_ || steps <= base_) return r;
   // Means and busy ratios are of the part this process replayed.
   const int64_t n = steps - base_;
-  const int k = sim_->shape().blocks;
+  const PipelineShape& sh = sim_->shape();
   const double end = sim_->StepEnd(n - 1);
   r.virtual_seconds = offset_ + end;
   r.mean_step_virtual = n > 1 ? (end - sim_->StepEnd(0)) / (n - 1) : end;
+  auto ratio = [end](double busy, int tracks) {
+    return end > 0 ? busy / (tracks * end) : 0.0;
+  };
   double busy = 0;
-  for (int b = 0; b < k; ++b) {
+  for (int b = 0; b < sh.blocks; ++b) {
     busy += sim_->Busy(b);
-    r.busy_ratio.push_back(end > 0 ? sim_->Busy(b) / end : 0.0);
+    r.busy_ratio.push_back(ratio(sim_->Busy(b), sh.Replicas(b)));
+    auto& replicas = r.replica_busy_ratio.emplace_back();
+    for (int i = 0; i < sh.Replicas(b); ++i) {
+      replicas.push_back(ratio(sim_->ReplicaBusy(b, i), 1));
+    }
   }
-  r.utilisation = end > 0 ? busy / (k * end) : 0.0;
+  r.utilisation = ratio(busy, sh.Tracks());
   return r;
 }
 

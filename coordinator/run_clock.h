@@ -4,7 +4,9 @@
 // answers the run's questions in the run's step numbers: when a step ended
 // on the virtual clock, whether a budget is reached, the summary figures.
 // A resumed run replays from the step it resumed at, after the checkpoint's
-// virtual time.
+// virtual time. With block replicas each replica is a track of its own and
+// a block's reduction costs what the link model gives for its bytes
+// (analysis/virtual_clock.h).
 #ifndef INTERLOCK_COORDINATOR_RUN_CLOCK_H_
 #define INTERLOCK_COORDINATOR_RUN_CLOCK_H_
 
@@ -28,17 +30,22 @@ class WireCodec;
 constexpr int64_t kTimelineSteps = 64;
 
 // The clock's figures for summary.json: end of the last step, mean step
-// time after the first step, busy / elapsed per block and overall.
+// time after the first step, busy / elapsed per block (the mean over its
+// replicas) and overall, and per replica of every block.
 struct ClockSummary {
   double virtual_seconds = 0.0;
   double mean_step_virtual = 0.0;
   double utilisation = 0.0;
   std::vector<double> busy_ratio;
+  std::vector<std::vector<double>> replica_busy_ratio;
 };
 
 class RunClock {
  public:
-  explicit RunClock(LinkModel link) : link_(link) {}
+  // `replicas`: per block (empty: one each), as the engine runs them or,
+  // in process, as the clock is asked to model them.
+  explicit RunClock(LinkModel link, std::vector<int> replicas = {})
+      : link_(link), replicas_(std::move(replicas)) {}
 
   // Continues a resumed run: replays steps from `base` on, after `offset`
   // virtual seconds of the earlier run.
@@ -50,7 +57,8 @@ class RunClock {
   // Starts the replay at the first submitted micro-batch; it needs the bytes
   // every link carries per micro-batch as `codec` encodes them: the input
   // batch (`rows` samples, `input_bytes` on the wire), each block's
-  // activation with the targets (raw), and the gradient list.
+  // activation with the targets (raw), and the gradient list; and, for the
+  // replicas' reduction, every block's trained parameter count.
   absl::Status Start(const interlock::v1::RunConfig& config,
                      const DataShape& shape, const WireCodec& codec, int blocks,
                      int window, int64_t rows, int64_t input_bytes,
@@ -79,7 +87,7 @@ class RunClock {
   // projected from the replayed steps' mean (the replay runs up to two
   // steps behind the real run).
   bool WouldExceed(int64_t step, double budget);
-  // Busy / elapsed per block so far.
+  // Busy / elapsed per block so far (the mean over its replicas).
   std::vector<double> BusyNow() const;
   // The figures of the part this process replayed, up to `steps`.
   ClockSummary Summary(int64_t steps) const;
@@ -88,6 +96,7 @@ class RunClock {
 
  private:
   const LinkModel link_;
+  const std::vector<int> replicas_;
   std::unique_ptr<PipelineSim> sim_;
   int64_t base_ = 0;
   double offset_ = 0.0;

@@ -43,6 +43,16 @@ RunSummary SummaryOf(const v1::RunConfig& config, const std::string& mode,
   for (double b : r.busy_ratio) s.add_busy_ratio(b);
   for (int n : r.replicas) s.add_replicas(n);
   s.set_reduction(t.reduction() == v1::TrainingSpec::RING ? "ring" : "ordered");
+  for (size_t k = 0; k < r.replica_busy_ratio.size(); ++k) {
+    const auto& replicas = r.replica_busy_ratio[k];
+    if (replicas.size() < 2) continue;
+    for (size_t i = 0; i < replicas.size(); ++i) {
+      v1::ReplicaBusy* b = s.add_replica_busy_ratio();
+      b->set_block(static_cast<int>(k));
+      b->set_replica(static_cast<int>(i));
+      b->set_ratio(replicas[i]);
+    }
+  }
   for (const HeadResult& h : r.eval) {
     HeadMetrics* m = s.add_eval();
     m->set_block(h.block);

@@ -32,12 +32,13 @@ struct TrainResult {
   double wall_seconds = 0.0;  // training time, evaluation excluded
   // The virtual model-parallel clock (analysis/virtual_clock.h): end of
   // the last step, mean step times after the first step, and busy / elapsed
-  // per block and overall.
+  // per block (the mean over its replicas) and overall, and per replica.
   double virtual_seconds = 0.0;
   double mean_step_wall = 0.0;
   double mean_step_virtual = 0.0;
   double utilisation = 0.0;
   std::vector<double> busy_ratio;
+  std::vector<std::vector<double>> replica_busy_ratio;
   std::vector<EvalPoint> evals;  // every evaluation, the final one last
   std::vector<HeadResult> eval;
   std::vector<std::string> block_digests;

@@ -40,10 +40,11 @@ class RunTimer {
 };
 
 struct RunState {
-  RunState(RunPlan p, LinkModel link, CoordinatorMetrics* metrics)
+  RunState(RunPlan p, LinkModel link, std::vector<int> replicas,
+           CoordinatorMetrics* metrics)
       : plan(std::move(p)),
         ledger(plan.steps(), plan.blocks(), plan.microbatches()),
-        clock(link),
+        clock(link, std::move(replicas)),
         records(plan, clock, metrics) {}
   // The records refer to the plan and the clock: the state stays in place.
   RunState(const RunState&) = delete;

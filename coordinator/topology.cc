@@ -1,9 +1,7 @@
 #include "coordinator/topology.h"
 
-#include <algorithm>
 #include <set>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -42,119 +40,10 @@ Topology OnePerBlock(const std::vector<std::string>& addresses) {
   return t;
 }
 
-absl::StatusOr<std::vector<int>> ParseReplicas(const std::string& flag) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(flag, ',')) {
-    int r = 0;
-    if (!absl::SimpleAtoi(part, &r) || r < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--replicas: '", part, "' is not a replica count (an integer >= 1)"));
-    }
-    out.push_back(r);
-  }
-  return out;
-}
-
 std::vector<int> ReplicaCounts(const Topology& t) {
   std::vector<int> out;
   for (const auto& b : t) out.push_back(static_cast<int>(b.size()));
   return out;
-}
-
-bool Replicated(const std::vector<int>& replicas) {
-  return std::any_of(replicas.begin(), replicas.end(),
-                     [](int r) { return r > 1; });
-}
-
-absl::Status CheckReplicas(const std::vector<int>& replicas, int num_blocks,
-                           int microbatches, const std::string& what) {
-  if (static_cast<int>(replicas.size()) != num_blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", replicas.size(), " blocks given for a model ",
-                     "of ", num_blocks, " blocks"));
-  }
-  for (int k = 0; k < num_blocks; ++k) {
-    if (replicas[k] < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": block ", k, " has none"));
-    }
-    if (replicas[k] > microbatches) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": block ", k, " has ", replicas[k],
-          " replicas but a step has only ", microbatches,
-          " micro-batches (training.microbatches); each replica needs one"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-
-// How many of `m` micro-batches each replica runs: in proportion to the
-// weights (largest remainder), at least one each; ties and the remainder go
-// round-robin from `start`.
-std::vector<int> Shares(int m, const std::vector<double>& w, int start) {
-  const int r = static_cast<int>(w.size());
-  std::vector<int> n(r, 1);
-  int left = m - r;
-  double total = 0;
-  for (double x : w) total += std::max(x, 0.0);
-  if (left <= 0) return n;
-  std::vector<double> rest(r, 0.0);
-  int given = 0;
-  for (int i = 0; i < r; ++i) {
-    const double exact =
-        total > 0 ? left * std::max(w[i], 0.0) / total : double(left) / r;
-    const int whole = static_cast<int>(exact);
-    n[i] += whole;
-    given += whole;
-    rest[i] = exact - whole;
-  }
-  // The remainder: largest fraction first, rotating ties by `start`.
-  std::vector<int> order(r);
-  for (int i = 0; i < r; ++i) order[i] = (start + i) % r;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return rest[a] > rest[b]; });
-  for (int i = 0; given < left; ++i, ++given) ++n[order[i % r]];
-  return n;
-}
-
-}  // namespace
-
-std::vector<int32_t> RouteStep(
-    int64_t step, int microbatches, const std::vector<int>& replicas,
-    const std::vector<std::vector<double>>& weights) {
-  const int k_blocks = static_cast<int>(replicas.size());
-  std::vector<int32_t> routes(static_cast<size_t>(microbatches) * k_blocks, 0);
-  for (int k = 0; k < k_blocks; ++k) {
-    const int r = replicas[k];
-    if (r <= 1) continue;
-    std::vector<double> w = k < static_cast<int>(weights.size()) &&
-                                    static_cast<int>(weights[k].size()) == r
-                                ? weights[k]
-                                : std::vector<double>(r, 1.0);
-    const int start = static_cast<int>(step % r);
-    std::vector<int> left = Shares(microbatches, w, start);
-    // Interleave: each micro-batch goes to the replica furthest behind its
-    // share (smooth weighted round-robin), ties to the lowest rotation.
-    std::vector<int> given(r, 0);
-    for (int mb = 0; mb < microbatches; ++mb) {
-      int best = -1;
-      double best_gap = 0;
-      for (int j = 0; j < r; ++j) {
-        const int i = (start + j) % r;
-        if (given[i] >= left[i]) continue;
-        const double gap = double(left[i] - given[i]) / left[i];
-        if (best < 0 || gap > best_gap) {
-          best = i;
-          best_gap = gap;
-        }
-      }
-      ++given[best];
-      routes[static_cast<size_t>(mb) * k_blocks + k] = best;
-    }
-  }
-  return routes;
 }
 
 }  // namespace interlock

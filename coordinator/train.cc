@@ -207,6 +207,7 @@ class Runner {
     result.mean_step_virtual = clock.mean_step_virtual;
     result.utilisation = clock.utilisation;
     result.busy_ratio = clock.busy_ratio;
+    result.replica_busy_ratio = clock.replica_busy_ratio;
     for (auto& e : evals) {
       if (e.step > s_.clock.base() && e.step <= s_.clock.Finished()) {
         e.virtual_seconds = s_.clock.End(e.step - 1);
@@ -353,11 +354,22 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
   ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));
   ASSIGN_OR_RETURN(RunPlan plan, RunPlan::Make(config, data.train->size(), k,
                                                options.window));
+  // The replicas the virtual clock replays: the cluster's, or in process
+  // (which runs the single chain, bitwise what ORDERED replicas compute)
+  // the ones --replicas asks the clock to model.
+  const EngineOptions& eo = options.engine;
+  std::vector<int> replicas =
+      eo.workers.empty() ? eo.replicas : ReplicaCounts(eo.workers);
+  if (eo.kind == EngineKind::kInProcess && !replicas.empty()) {
+    RETURN_IF_ERROR(CheckReplicas(replicas, k, config.training().microbatches(),
+                                  "--replicas"));
+  }
   ASSIGN_OR_RETURN(
       std::unique_ptr<RunEngine> engine,
       MakeEngine(config, data.shape, options.engine, options.window,
                  metrics.get(), options.output.log));
-  RunState state(std::move(plan), options.link, metrics.get());
+  RunState state(std::move(plan), options.link, std::move(replicas),
+                 metrics.get());
   RunRecovery recovery(config, options.checkpoints, out, engine->seal_key(),
                        engine->engine(), state, metrics.get(),
                        options.output.log);

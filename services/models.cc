@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "services/models_internal.h"
+#include "services/status_macros.h"
 
 namespace interlock {
 namespace {
@@ -346,7 +347,14 @@ std::vector<int64_t> TargetShape(const DataShape& shape) {
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> BlockOutputShapes(
     const ModelSpec& spec, const DataShape& shape) {
-  auto blocks = BuildModel(spec, shape, /*with_heads=*/false, 0);
+  ASSIGN_OR_RETURN(ModelProbe probe,
+                   ProbeModel(spec, shape, /*with_heads=*/false));
+  return std::move(probe.output_shapes);
+}
+
+absl::StatusOr<ModelProbe> ProbeModel(const ModelSpec& spec,
+                                      const DataShape& shape, bool with_heads) {
+  auto blocks = BuildModel(spec, shape, with_heads, 0);
   if (!blocks.ok()) return blocks.status();
   try {
     torch::NoGradGuard no_grad;
@@ -355,11 +363,17 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> BlockOutputShapes(
     torch::Tensor x = shape.is_text
                           ? torch::zeros(dims, torch::dtype(torch::kInt64))
                           : torch::zeros(dims);
-    std::vector<std::vector<int64_t>> out;
+    ModelProbe out;
     for (auto& b : *blocks) {
       b.block->eval();
       x = b.block->forward(x);
-      out.emplace_back(x.sizes().begin() + 1, x.sizes().end());
+      out.output_shapes.emplace_back(x.sizes().begin() + 1, x.sizes().end());
+      int64_t count = 0;
+      for (const auto* part : {&b.block, &b.head}) {
+        if (!*part) continue;
+        for (const auto& p : (*part)->parameters()) count += p.numel();
+      }
+      out.trained_parameters.push_back(count);
     }
     return out;
   } catch (const std::exception& e) {

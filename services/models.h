@@ -48,6 +48,16 @@ absl::StatusOr<std::vector<BlockModules>> BuildModel(
 absl::StatusOr<std::vector<std::vector<int64_t>>> BlockOutputShapes(
     const interlock::v1::ModelSpec& spec, const DataShape& shape);
 
+// The output shapes above and every block's trained parameter count (its
+// own and, when with_heads, its head's): what the virtual clock needs, from
+// one build of the model.
+struct ModelProbe {
+  std::vector<std::vector<int64_t>> output_shapes;
+  std::vector<int64_t> trained_parameters;
+};
+absl::StatusOr<ModelProbe> ProbeModel(const interlock::v1::ModelSpec& spec,
+                                      const DataShape& shape, bool with_heads);
+
 // Shape of one sample of the data (no batch dimension) and its target.
 std::vector<int64_t> SampleShape(const DataShape& shape);
 std::vector<int64_t> TargetShape(const DataShape& shape);

@@ -206,5 +206,85 @@ TEST(Cli, HelpListsEveryFlagWithItsDescription) {
   EXPECT_EQ(r.output.find("No flags matched"), std::string::npos) << r.output;
 }
 
+// `simulate --replicas`: a bad count is refused with exit 2 naming the flag;
+// a good one prints what the replicas buy and the reduction per step.
+TEST(Cli, SimulateReplicas) {
+  const std::string dir = TempDir("simulate_replicas");
+  std::filesystem::create_directories(dir);
+  const std::string profile = dir + "/profile.json";
+  // Block 0 costs 3x block 1; M = 2; 1000 and 10 parameters.
+  std::ofstream(profile) << R"({
+    "blocks": 2, "microbatches": 2, "batch_size": 16, "mode": "interlock",
+    "n": 1, "rule": "furthest", "input_bytes": 1000,
+    "down_bytes": [1000], "up_bytes": [0],
+    "link": {"latency_seconds": 1e-4, "bytes_per_second": 4.4e8},
+    "per_block": [
+      {"forward": 0.01, "head": 0, "backward": 0.02, "input_grad": 0,
+       "optimizer": 0.001, "parameters": 1000},
+      {"forward": 0.004, "head": 0, "backward": 0.006, "input_grad": 0,
+       "optimizer": 0.001, "parameters": 10}],
+    "step_seconds": {"wall": 0.1, "virtual": 0.05}})";
+  const std::string base = kCli + " simulate --profile " + profile;
+  struct Case {
+    std::string args;
+    std::string fragment;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--replicas 2", "--replicas: 1 blocks given for a model of 2"},
+           {"--replicas 2,1,1", "--replicas: 3 blocks given"},
+           {"--replicas 0,1", "--replicas: '0' is not a replica count"},
+           {"--replicas 2,x", "--replicas: 'x' is not a replica count"},
+           {"--replicas=", "--replicas: '' is not a replica count"},
+           {"--replicas 3,1",
+            "--replicas: block 0 has 3 replicas but a step has only 2"},
+           {"--replicas 2,1 --microbatches 1",
+            "--replicas: block 0 has 2 replicas but a step has only 1"},
+           {"--replicas 2,1 --reduction fast", "--reduction: 'fast'"},
+       }) {
+    auto r = RunCommand(base + " " + c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.output;
+    EXPECT_NE(r.output.find("interlock: error: " + c.fragment),
+              std::string::npos)
+        << c.args << ": " << r.output;
+  }
+  auto r = RunCommand(base + " --replicas 2,1 --sweep");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* text :
+       {"Replicas 2,1, reduction ordered", "block 0: 2 replicas, P = 1000",
+        "vs 1 rep.", "samples/s", "against block 0's replicas"}) {
+    EXPECT_NE(r.output.find(text), std::string::npos) << text << r.output;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// In process, --replicas only informs the virtual clock: the run is the
+// single chain (its digest does not change) and the run files describe the
+// replicas the clock replayed.
+TEST(Cli, InProcessReplicasInformTheClock) {
+  const std::string out = TempDir("inprocess_replicas");
+  const std::string base = kCli + " train --quiet --config " + kSrc +
+                           "/configs/tests/tiny_resnet.pbtxt --steps 2";
+  auto plain = RunCommand(base);
+  auto replicated = RunCommand(base + " --replicas 2,1,1 --out " + out);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
+  EXPECT_EQ(DigestOf(replicated.output), DigestOf(plain.output));
+  std::stringstream profile, summary;
+  profile << std::ifstream(out + "/profile.json").rdbuf();
+  summary << std::ifstream(out + "/summary.json").rdbuf();
+  EXPECT_NE(profile.str().find("\"replicas\""), std::string::npos)
+      << profile.str();
+  EXPECT_NE(profile.str().find("\"parameters\""), std::string::npos)
+      << profile.str();
+  EXPECT_NE(summary.str().find("\"replica_busy_ratio\""), std::string::npos)
+      << summary.str();
+  auto bad = RunCommand(base + " --replicas 2,1");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--replicas: 2 blocks given for a model of 3"),
+            std::string::npos)
+      << bad.output;
+  std::filesystem::remove_all(out);
+}
+
 }  // namespace
 }  // namespace interlock

@@ -237,7 +237,8 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
                              "accounting",
                              "replicas",
                              "reduction",
-                             "wire"}));
+                             "wire",
+                             "replica_busy_ratio"}));
   EXPECT_EQ(KeysOf(s.fields().at("mean_step_seconds").struct_value()),
             (Keys{"wall", "virtual"}));
   EXPECT_EQ(KeysOfFirst(s, "eval"),
@@ -320,17 +321,17 @@ TEST_F(ReportTest, ProfileKeepsItsKeysAndRoundTrips) {
   const std::string text = ReadText(dir_ + "/profile.json");
   EXPECT_NE(text.find("5000000000"), std::string::npos) << text;
   const Struct s = Parse(text);
-  EXPECT_EQ(KeysOf(s),
-            (Keys{"name", "blocks", "microbatches", "batch_size", "mode", "n",
-                  "rule", "steps", "input_bytes", "down_bytes", "up_bytes",
-                  "link", "per_block", "step_seconds", "wire"}));
+  EXPECT_EQ(KeysOf(s), (Keys{"name", "blocks", "microbatches", "batch_size",
+                             "mode", "n", "rule", "steps", "input_bytes",
+                             "down_bytes", "up_bytes", "link", "per_block",
+                             "step_seconds", "wire", "replicas", "reduction"}));
   EXPECT_EQ(KeysOf(s.fields().at("link").struct_value()),
             (Keys{"latency_seconds", "bytes_per_second"}));
   EXPECT_EQ(KeysOfFirst(s, "per_block"),
             (Keys{"forward", "head", "backward", "input_grad", "optimizer"}));
   EXPECT_EQ(KeysOf(s.fields().at("step_seconds").struct_value()),
             (Keys{"wall", "virtual"}));
-  ExpectNumbers(s, {"name", "mode", "rule", "wire"}, "profile");
+  ExpectNumbers(s, {"name", "mode", "rule", "wire", "reduction"}, "profile");
 
   auto p = LoadProfile(dir_);
   ASSERT_TRUE(p.ok()) << p.status();

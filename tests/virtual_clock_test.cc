@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
+#include "analysis/replica_routes.h"
 #include "services/gradient_lists.h"
 
 namespace interlock {
@@ -217,6 +220,184 @@ TEST(VirtualClockTest, EntriesThatTrainNoBlockAreNotComputed) {
   for (int n = 1; n <= 4; ++n) {
     GradientLists l{4, false, n, false, false};
     for (int k = 0; k < 4; ++k) EXPECT_TRUE(l.Used(k, l.Down(k))) << n << k;
+  }
+}
+
+// Block replicas (DESIGN §2.4): one track per replica, the routes the
+// coordinator stamps, and a reduction that costs what the link model gives.
+
+// K = 2, 1-way, M = 4; block 0 costs 3 per micro-batch (forward 1, backward
+// 2), block 1 costs 1 (0.5 + 0.5): block 0 costs block 1 x 3. Optimizer
+// steps are free. Links carry no bytes and have no latency; the reduction
+// moves ORDERED's M x P x 4 = 16000 bytes at 1e5 B/s.
+PipelineShape SlowFirstBlock(std::vector<int> replicas) {
+  PipelineShape s = Shape(2, 4, false, 1);
+  s.link.bytes_per_second = 1e5;
+  s.replicas = std::move(replicas);
+  s.parameters = {1000, 1000};
+  return s;
+}
+const std::vector<BlockProfile> kSlowFirst = {{1.0, 0.0, 2.0, 0.0, 0.0},
+                                              {0.5, 0.0, 0.5, 0.0, 0.0}};
+
+TEST(VirtualClockTest, ReplicasOfOneEachReplayExactlyAsWithout) {
+  // The 2-way case above (early passes, gradients both ways), with replicas
+  // given explicitly as one each: the same spans, steps and busy times.
+  PipelineShape plain = Shape(3, 2, false, 2);
+  PipelineShape ones = plain;
+  ones.replicas = {1, 1, 1};
+  ones.parameters = {100, 200, 300};  // no reduction with one replica
+  PipelineSim a(plain, 10), b(ones, 10);
+  Fill(a, 3, 1.0, 0.5, 2.0, 0.5, 0.5);
+  Fill(b, 3, 1.0, 0.5, 2.0, 0.5, 0.5);
+  ASSERT_EQ(a.steps_finished(), 3);
+  ASSERT_EQ(b.steps_finished(), 3);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(a.StepEnd(s), b.StepEnd(s));
+  ASSERT_EQ(a.spans().size(), b.spans().size());
+  for (size_t i = 0; i < a.spans().size(); ++i) {
+    EXPECT_EQ(a.spans()[i].start, b.spans()[i].start);
+    EXPECT_EQ(a.spans()[i].end, b.spans()[i].end);
+    EXPECT_EQ(a.spans()[i].block, b.spans()[i].block);
+  }
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(a.Busy(k), b.Busy(k));
+}
+
+TEST(VirtualClockTest, ASecondReplicaOfTheSlowBlockHalvesItsStep) {
+  // One replica each: block 0 never waits (1-way needs nothing from below)
+  // and runs 4 x 3 = 12 per step. Replicas 2,1: each replica of block 0
+  // runs 2 micro-batches, 2 x 3 = 6, then the reduction: two ring
+  // all-reduces over 2 members, 2 x (0 + 0 / 2 / 1e5) for the metadata and
+  // 2 x (0 + 16000 / 2 / 1e5) = 0.16 for the gradients; block 1 (4 per
+  // step) keeps up. Steady step 6.16: 12 / 6.16 = 1.95x the samples/s.
+  const SimResult one = Simulate(SlowFirstBlock({}), kSlowFirst, 10, 3);
+  const SimResult two = Simulate(SlowFirstBlock({2, 1}), kSlowFirst, 10, 3);
+  EXPECT_NEAR(one.step_seconds, 12.0, 1e-9);
+  EXPECT_NEAR(two.step_seconds, 6.16, 1e-9);
+  EXPECT_GE(one.step_seconds / two.step_seconds, 1.6);
+  // Per replica: (6 + 0.16) of every 6.16 busy after the first step, and
+  // the block's ratio is the mean over its replicas.
+  ASSERT_EQ(two.replica_busy_ratio.size(), 2u);
+  ASSERT_EQ(two.replica_busy_ratio[0].size(), 2u);
+  EXPECT_NEAR(two.replica_busy_ratio[0][0], two.replica_busy_ratio[0][1],
+              1e-12);
+  EXPECT_NEAR(two.busy_ratio[0], two.replica_busy_ratio[0][0], 1e-12);
+  EXPECT_GT(two.busy_ratio[0], 0.95);
+  EXPECT_NEAR(two.busy_ratio[1], 4.0 / 6.16, 0.05);
+}
+
+TEST(VirtualClockTest, ReplicasRunTheirRoutesAndReduceTogether) {
+  PipelineSim sim(SlowFirstBlock({2, 1}), 10);
+  const auto& sh = sim.shape();
+  for (int64_t s = 0; s < 3; ++s) {
+    for (int mb = 0; mb < 4; ++mb) {
+      sim.SetMicrobatch(s, mb, {{1.0, 0.0, 2.0, 0.0}, {0.5, 0.0, 0.5, 0.0}});
+    }
+    sim.SetOptimizer(s, 0, 0.25);
+    sim.SetOptimizer(s, 1, 0.25);
+  }
+  sim.SetSubmitted(12);
+  sim.Finish();
+  sim.Advance();
+  ASSERT_EQ(sim.steps_finished(), 3);
+  EXPECT_EQ(sh.Tracks(), 3);
+  std::map<int64_t, std::vector<Span>> reduce, optimizer;
+  for (const Span& s : sim.spans()) {
+    if (s.block == 0 && s.kind == SpanKind::kForward) {
+      // The replica the coordinator's routes name for this micro-batch.
+      EXPECT_EQ(s.replica, RouteStep(s.step, 4, {2, 1})[s.mb * 2 + 0])
+          << "step " << s.step << " mb " << s.mb;
+    }
+    if (s.block == 1) {
+      EXPECT_EQ(s.replica, 0);
+    }
+    if (s.block == 0 && s.kind == SpanKind::kReduce)
+      reduce[s.step].push_back(s);
+    if (s.block == 0 && s.kind == SpanKind::kOptimizer) {
+      optimizer[s.step].push_back(s);
+    }
+  }
+  for (int64_t s = 0; s < 3; ++s) {
+    ASSERT_EQ(reduce[s].size(), 2u) << s;
+    ASSERT_EQ(optimizer[s].size(), 2u) << s;
+    EXPECT_EQ(reduce[s][0].start, reduce[s][1].start);
+    EXPECT_NEAR(reduce[s][0].end - reduce[s][0].start, 0.16, 1e-12);
+    EXPECT_EQ(optimizer[s][0].end, optimizer[s][1].end);
+    EXPECT_EQ(optimizer[s][0].start, reduce[s][0].end);
+  }
+  // Step 0 by hand: each replica 0-6, reduction 6-6.16, optimizer -6.41.
+  EXPECT_NEAR(reduce[0][0].start, 6.0, 1e-12);
+  EXPECT_NEAR(optimizer[0][0].end, 6.41, 1e-12);
+  // Busy: every replica runs the optimizer, so the block counts it twice.
+  EXPECT_NEAR(sim.BusyPhase(0, SpanKind::kOptimizer), 2 * 3 * 0.25, 1e-12);
+  EXPECT_NEAR(sim.Busy(0), sim.ReplicaBusy(0, 0) + sim.ReplicaBusy(0, 1),
+              1e-12);
+}
+
+TEST(VirtualClockTest, ReductionCostFollowsBytesAndBandwidth) {
+  PipelineShape sh = SlowFirstBlock({2, 1});
+  sh.link.latency_seconds = 0.001;
+  sh.link.bytes_per_second = 1e6;
+  // ORDERED: M x P x 4 = 16000 bytes; a ring all-reduce over R = 2 takes
+  // 2 (R - 1) hops of latency + bytes / R / bandwidth; the metadata's one
+  // adds 2 (R - 1) latencies: 0.002 + 2 x (0.001 + 0.008) = 0.02.
+  EXPECT_EQ(sh.ReductionBytes(0), 16000);
+  EXPECT_NEAR(sh.ReductionSeconds(0), 0.02, 1e-12);
+  EXPECT_EQ(sh.ReductionSeconds(1), 0.0);  // one replica: nothing to reduce
+  // RING: P x 4 = 4000 bytes: 0.002 + 2 x (0.001 + 0.002) = 0.008.
+  sh.ring_reduction = true;
+  EXPECT_EQ(sh.ReductionBytes(0), 4000);
+  EXPECT_NEAR(sh.ReductionSeconds(0), 0.008, 1e-12);
+  // Three replicas: 4 hops each, of a third of the bytes.
+  sh.ring_reduction = false;
+  sh.replicas = {3, 1};
+  EXPECT_NEAR(sh.ReductionSeconds(0), 4 * 0.001 + 4 * (0.001 + 16000 / 3 / 1e6),
+              1e-9);
+
+  // On the clock: more parameters cost more, more bandwidth less.
+  auto step = [](int64_t params, double bandwidth) {
+    PipelineShape s = SlowFirstBlock({2, 1});
+    s.parameters = {params, 1000};
+    s.link.bytes_per_second = bandwidth;
+    return Simulate(s, kSlowFirst, 10, 3).step_seconds;
+  };
+  EXPECT_NEAR(step(1000, 1e5), 6.16, 1e-9);
+  EXPECT_NEAR(step(10000, 1e5), 6.0 + 1.6, 1e-9);
+  EXPECT_GT(step(10000, 1e5), step(1000, 1e5));
+  EXPECT_LT(step(10000, 1e6), step(10000, 1e5));
+  EXPECT_NEAR(step(10000, 1e6), 6.16, 1e-9);
+}
+
+TEST(VirtualClockTest, ReplicasFinishEveryModeAndRouting) {
+  // Gradients go back to the replica that ran the micro-batch's forward;
+  // every mode and topology must replay to the end, and here more replicas
+  // of a block never slow the replay down (the reduction is free).
+  for (bool e2e : {true, false}) {
+    for (int n = 1; n <= 3; ++n) {
+      if (e2e && n > 1) break;
+      for (bool sum : {false, true}) {
+        for (const std::vector<int>& replicas :
+             std::vector<std::vector<int>>{{2, 2, 1}, {1, 3, 2}, {4, 1, 4}}) {
+          PipelineShape sh = Shape(3, 4, e2e, e2e ? 3 : n);
+          sh.sum_rule = sum;
+          // The runner's window, 2KM: with 2M, {4, 1, 4} in 1-way waits for
+          // completions (reports come up through one replica each) and
+          // ends 3 later than without replicas.
+          sh.window = 2 * 3 * 4;
+          PipelineShape rep = sh;
+          rep.replicas = replicas;
+          PipelineSim a(sh), b(rep);
+          Fill(a, 5, 1.0, 0.5, 2.0, 0.5, 0.5);
+          Fill(b, 5, 1.0, 0.5, 2.0, 0.5, 0.5);
+          ASSERT_EQ(b.steps_finished(), 5) << e2e << n << sum;
+          EXPECT_LE(b.StepEnd(4), a.StepEnd(4) + 1e-9) << e2e << n << sum;
+          for (int k = 0; k < 3; ++k) {
+            // The same work, plus one optimizer step per extra replica.
+            EXPECT_NEAR(b.Busy(k) - b.BusyPhase(k, SpanKind::kOptimizer),
+                        a.Busy(k) - a.BusyPhase(k, SpanKind::kOptimizer), 1e-9);
+          }
+        }
+      }
+    }
   }
 }
 

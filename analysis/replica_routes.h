@@ -1,0 +1,45 @@
+// Replica counts per block and the routes of a step's micro-batches through
+// the replicas (DESIGN §2.4). Here rather than in coordinator/ because the
+// virtual clock replays the same routes the coordinator stamps, and
+// analysis/ has neither gRPC nor LibTorch; coordinator/topology.h builds the
+// cluster's topology on top of it.
+#ifndef INTERLOCK_ANALYSIS_REPLICA_ROUTES_H_
+#define INTERLOCK_ANALYSIS_REPLICA_ROUTES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace interlock {
+
+// --replicas: one count per block ("2,1,1,1"), each at least 1.
+absl::StatusOr<std::vector<int>> ParseReplicas(const std::string& flag);
+
+// Whether some block has more than one replica.
+bool Replicated(const std::vector<int>& replicas);
+
+// Checks replica counts against a run: one count per block, and no more
+// replicas of a block than micro-batches per step (each replica runs at
+// least one micro-batch of every step, or it would never reach the step's
+// reduction).
+// Errors start with `what` (the flag the counts came from).
+absl::Status CheckReplicas(const std::vector<int>& replicas, int num_blocks,
+                           int microbatches,
+                           const std::string& what = "replicas");
+
+// The routes of one step: routes[m * K + k] is the replica of block k that
+// runs micro-batch m. Each block's M micro-batches are split over its
+// replicas in proportion to `weights[k]` (empty: equal), every replica
+// getting at least one, and interleaved; the replica that takes an extra
+// micro-batch rotates with the step. Deterministic: a function of its
+// arguments only.
+std::vector<int32_t> RouteStep(
+    int64_t step, int microbatches, const std::vector<int>& replicas,
+    const std::vector<std::vector<double>>& weights = {});
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_ANALYSIS_REPLICA_ROUTES_H_
