@@ -208,11 +208,12 @@ void PipelineSim::Backward(int k, int mb, double& t) {
 bool PipelineSim::Drain(int k, double& t) {
   Track& b = tracks_[k];
   const int block = b.block;
-  const int mine = static_cast<int>(b.own.size());
   const int down = shape_.Down(block);
   bool progress = true;
   while (progress) {
     progress = false;
+    // This step's micro-batches here (BeginStep below changes them).
+    const int mine = static_cast<int>(b.own.size());
     if (b.forwarded < mine &&
         b.forward_queue.count({b.step, b.own[b.forwarded]})) {
       const int mb = b.own[b.forwarded];

@@ -349,6 +349,36 @@ TEST_F(ReportTest, ProfileKeepsItsKeysAndRoundTrips) {
   EXPECT_EQ(p->per_block[1].input_grad, 0.0);  // present: measured
   EXPECT_EQ(p->step_wall, 0.2);
   EXPECT_EQ(p->step_virtual, 0.1);
+  EXPECT_TRUE(p->parameters.empty());  // the clock was not told any
+  EXPECT_TRUE(p->replicas.empty());
+  EXPECT_FALSE(p->ring_reduction);
+
+  // With replicas: their counts, the reduction and the parameters the
+  // clock was given come back; the optimizer cost is per replica.
+  shape.replicas = {2, 1};
+  shape.parameters = {1234, 56};
+  shape.ring_reduction = true;
+  PipelineSim replicated(shape);
+  for (int64_t step = 0; step < 4; ++step) {
+    for (int mb = 0; mb < 2; ++mb) {
+      replicated.SetMicrobatch(step, mb, {{1, 0, 2, 0}, {1, 0, 2, 0}});
+    }
+    replicated.SetOptimizer(step, 0, 0.5);
+    replicated.SetOptimizer(step, 1, 0.5);
+  }
+  replicated.SetSubmitted(8);
+  replicated.Finish();
+  replicated.Advance();
+  ASSERT_EQ(replicated.steps_finished(), 4);
+  ASSERT_TRUE(WriteProfile(replicated, info, dir_ + "/profile.json").ok());
+  p = LoadProfile(dir_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->replicas, (std::vector<int>{2, 1}));
+  EXPECT_EQ(p->parameters, (std::vector<int64_t>{1234, 56}));
+  EXPECT_TRUE(p->ring_reduction);
+  EXPECT_DOUBLE_EQ(p->per_block[0].optimizer, 0.5);
+  EXPECT_DOUBLE_EQ(p->per_block[0].forward, 1.0);
+  EXPECT_DOUBLE_EQ(p->per_block[0].backward, 2.0);
 }
 
 TEST_F(ReportTest, ProfileFieldsMissingOrWrongAreNamed) {

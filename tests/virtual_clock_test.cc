@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <tuple>
 
 #include "analysis/replica_routes.h"
 #include "services/gradient_lists.h"
@@ -385,10 +386,34 @@ TEST(VirtualClockTest, ReplicasFinishEveryModeAndRouting) {
           sh.window = 2 * 3 * 4;
           PipelineShape rep = sh;
           rep.replicas = replicas;
-          PipelineSim a(sh), b(rep);
+          PipelineSim a(sh), b(rep, 5);
           Fill(a, 5, 1.0, 0.5, 2.0, 0.5, 0.5);
           Fill(b, 5, 1.0, 0.5, 2.0, 0.5, 0.5);
           ASSERT_EQ(b.steps_finished(), 5) << e2e << n << sum;
+          // Each replica runs exactly the micro-batches routed to it (with
+          // M = 4 over 3 replicas the shares rotate, 2,1,1 then 1,2,1),
+          // and reduces only after all of their backward passes.
+          std::map<std::tuple<int, int, int64_t>, int> backwards;
+          std::map<std::tuple<int, int, int64_t>, double> last_backward;
+          for (const Span& s : b.spans()) {
+            if (s.kind != SpanKind::kBackward) continue;
+            const auto key = std::make_tuple(s.block, s.replica, s.step);
+            ++backwards[key];
+            last_backward[key] = std::max(last_backward[key], s.end);
+            EXPECT_EQ(s.replica,
+                      RouteStep(s.step, 4, replicas)[s.mb * 3 + s.block]);
+          }
+          for (const Span& s : b.spans()) {
+            if (s.kind != SpanKind::kReduce) continue;
+            const auto key = std::make_tuple(s.block, s.replica, s.step);
+            int routed = 0;
+            const auto routes = RouteStep(s.step, 4, replicas);
+            for (int mb = 0; mb < 4; ++mb) {
+              routed += routes[mb * 3 + s.block] == s.replica;
+            }
+            EXPECT_EQ(backwards[key], routed);
+            EXPECT_GE(s.start, last_backward[key]);
+          }
           EXPECT_LE(b.StepEnd(4), a.StepEnd(4) + 1e-9) << e2e << n << sum;
           for (int k = 0; k < 3; ++k) {
             // The same work, plus one optimizer step per extra replica.
@@ -399,6 +424,47 @@ TEST(VirtualClockTest, ReplicasFinishEveryModeAndRouting) {
       }
     }
   }
+}
+
+TEST(VirtualClockTest, ReplicaSharesThatRotateAreRunInFull) {
+  // K = 2, 1-way, M = 4, replicas 1,3: block 1's replicas run 2,1,1
+  // micro-batches in step 0 and 1,2,1 in step 1 (the extra one rotates).
+  // Block 0 is fast, so step 1's forwards wait at replica 1 while it
+  // finishes step 0: after its optimizer step it must run both of them
+  // before it reduces again.
+  PipelineShape sh = Shape(2, 4, false, 1);
+  sh.window = 16;
+  sh.replicas = {1, 3};
+  PipelineSim sim(sh, 10);
+  for (int64_t s = 0; s < 3; ++s) {
+    for (int mb = 0; mb < 4; ++mb) {
+      sim.SetMicrobatch(s, mb, {{0.1, 0.0, 0.1, 0.0}, {1.0, 0.0, 2.0, 0.0}});
+    }
+    sim.SetOptimizer(s, 0, 0.1);
+    sim.SetOptimizer(s, 1, 0.1);
+  }
+  sim.SetSubmitted(12);
+  sim.Finish();
+  sim.Advance();
+  ASSERT_EQ(sim.steps_finished(), 3);
+  std::map<std::pair<int64_t, int>, int> backwards;  // (step, replica)
+  for (const Span& s : sim.spans()) {
+    if (s.block == 1 && s.kind == SpanKind::kBackward) {
+      ++backwards[{s.step, s.replica}];
+    }
+  }
+  for (int64_t s = 0; s < 3; ++s) {
+    const auto routes = RouteStep(s, 4, {1, 3});
+    for (int r = 0; r < 3; ++r) {
+      int routed = 0;
+      for (int mb = 0; mb < 4; ++mb) routed += routes[mb * 2 + 1] == r;
+      EXPECT_EQ((backwards[{s, r}]), routed)
+          << "step " << s << " replica " << r;
+    }
+  }
+  // Block 1's replicas hold 2 micro-batches (6) then reduce and step
+  // (0.1): every step ends after 6.1 of block 1's time at most.
+  EXPECT_LE(sim.StepEnd(2) - sim.StepEnd(1), 6.1 + 1e-9);
 }
 
 }  // namespace
