@@ -57,6 +57,15 @@ ABSL_FLAG(std::string, replicas, "",
           "gradients as training.reduction says; in process it only informs "
           "the virtual clock (the run is the single chain, which ORDERED "
           "replicas equal bitwise); simulate: predict with these replicas");
+ABSL_FLAG(int, coordinator_port, -1,
+          "cluster: serve the membership service on this port (0: any free "
+          "one; -1: off), so that workers started with --coordinator "
+          "HOST:PORT --block K join a block's replicas and leave on SIGTERM");
+ABSL_FLAG(std::string, coordinator_host, "0.0.0.0",
+          "cluster: the address the membership service listens on");
+ABSL_FLAG(std::string, coordinator_port_file, "",
+          "cluster: write the membership service's port to this file once "
+          "it listens");
 ABSL_FLAG(std::string, collective_host, "",
           "cluster with replicas: the address of this machine the workers "
           "reach the reduction rendezvous store at (empty: 127.0.0.1 for a "
@@ -308,6 +317,21 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
     options.engine.replicas = *std::move(counts);
   }
   options.engine.collective_host = absl::GetFlag(FLAGS_collective_host);
+  options.engine.coordinator_port = absl::GetFlag(FLAGS_coordinator_port);
+  options.engine.coordinator_host = absl::GetFlag(FLAGS_coordinator_host);
+  options.engine.coordinator_port_file =
+      absl::GetFlag(FLAGS_coordinator_port_file);
+  if (options.engine.coordinator_port < -1 ||
+      options.engine.coordinator_port > 65535) {
+    return Fail(
+        absl::StrCat("--coordinator_port: ", options.engine.coordinator_port,
+                     " is not in -1..65535"),
+        2);
+  }
+  if (options.engine.coordinator_port >= 0 &&
+      options.engine.kind != interlock::EngineKind::kCluster) {
+    return Fail("--coordinator_port needs --engine cluster", 2);
+  }
   options.engine.security.token_file = absl::GetFlag(FLAGS_token_file);
   options.engine.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.engine.security.tls_key = absl::GetFlag(FLAGS_tls_key);

@@ -7,6 +7,8 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -52,28 +54,42 @@ class ClusterEngine : public Engine {
           "--workers: ", options_.workers.size(),
           " blocks of addresses for a model of ", k_blocks, " blocks"));
     }
-    replicas_ = ReplicaCounts(options_.workers);
-    RETURN_IF_ERROR(CheckReplicas(
-        replicas_, k_blocks, config_.training().microbatches(), "--workers"));
+    RETURN_IF_ERROR(CheckReplicas(ReplicaCounts(options_.workers), k_blocks,
+                                  config_.training().microbatches(),
+                                  "--workers"));
     ASSIGN_OR_RETURN(max_bytes_, codec_.MaxMessageBytes(config_, shape_));
     run_id_ = NewRunId();
-    for (int k = 0; k < k_blocks; ++k) {
-      peers_.emplace_back();
-      for (int r = 0; r < replicas_[k]; ++r) {
-        peers_[k].push_back(std::make_unique<WorkerClient>(
-            replicas_[k] > 1 ? absl::StrCat("worker ", k, ".", r)
-                             : absl::StrCat("worker ", k),
-            options_.workers[k][r], max_bytes_, options_.security));
-      }
-    }
-    if (Replicated(replicas_)) {
+    SetTopology(options_.workers);
+    steps_done_.assign(k_blocks, 0);
+    elastic_ = options_.membership != nullptr || Replicated(replicas_);
+    if (elastic_) {
       // The rendezvous of every block's reduction group; the groups
       // themselves connect worker to worker.
       ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.collective_host, 0));
       collective_address_ =
           absl::StrCat(options_.collective_host, ":", store_->port());
     }
-    return Connect(options_.connect_timeout);
+    RETURN_IF_ERROR(Connect(options_.connect_timeout, /*parallel=*/false));
+    if (options_.membership) {
+      options_.membership->SetTopology(run_id_, workers_, generation_);
+    }
+    return absl::OkStatus();
+  }
+
+  // The topology in force: its clients, one per worker.
+  void SetTopology(const Topology& t) {
+    workers_ = t;
+    replicas_ = ReplicaCounts(t);
+    peers_.clear();
+    for (int k = 0; k < static_cast<int>(t.size()); ++k) {
+      peers_.emplace_back();
+      for (int r = 0; r < replicas_[k]; ++r) {
+        peers_[k].push_back(std::make_unique<WorkerClient>(
+            replicas_[k] > 1 ? absl::StrCat("worker ", k, ".", r)
+                             : absl::StrCat("worker ", k),
+            t[k][r], max_bytes_, options_.security));
+      }
+    }
   }
 
   int num_workers() const {
@@ -83,8 +99,10 @@ class ClusterEngine : public Engine {
   }
 
   // Waits for every worker, configures the chain under the current
-  // generation and opens the stream into block 0.
-  absl::Status Connect(absl::Duration timeout) {
+  // generation and opens the stream into block 0. `parallel`: configure
+  // every worker at once (after a failure, a survivor blocked in its
+  // group's reduction is freed only when its peers leave that group).
+  absl::Status Connect(absl::Duration timeout, bool parallel) {
     const absl::Time deadline = absl::Now() + timeout;
     const int k_blocks = num_blocks();
     for (int k = 0; k < k_blocks; ++k) {
@@ -99,36 +117,50 @@ class ClusterEngine : public Engine {
     }
     // Last block first, so each worker's downstream is ready when it opens
     // its link.
+    std::vector<std::pair<int, int>> order;
     for (int k = k_blocks - 1; k >= 0; --k) {
-      for (int r = 0; r < replicas_[k]; ++r) {
-        v1::ConfigureRequest req;
-        req.set_run_id(run_id_);
-        req.set_generation(generation_);
-        *req.mutable_config() = config_;
-        req.set_block(k);
-        req.set_num_blocks(k_blocks);
-        if (k + 1 < k_blocks) {
-          req.set_next_address(options_.workers[k + 1][0]);
-          for (const auto& a : options_.workers[k + 1]) {
-            req.add_next_addresses(a);
-          }
-        }
-        req.set_replica(r);
-        req.set_replicas(replicas_[k]);
-        req.set_collective_address(collective_address_);
-        EncodeShape(shape_, req.mutable_shape());
-        req.set_max_message_bytes(max_bytes_);
-        req.set_window(options_.window);
-        // At the start, wait for a worker still coming up; in a recovery a
-        // worker that is gone again fails the attempt at once (it is
-        // retried).
-        RETURN_IF_ERROR(peers_[k][r]
-                            ->Configure(req,
-                                        absl::Now() + options_.rpc_deadline,
-                                        /*wait_for_ready=*/generation_ == 1)
-                            .status());
+      for (int r = 0; r < replicas_[k]; ++r) order.emplace_back(k, r);
+    }
+    std::vector<absl::Status> results(order.size());
+    auto configure = [&](size_t i) {
+      const auto [k, r] = order[i];
+      v1::ConfigureRequest req;
+      req.set_run_id(run_id_);
+      req.set_generation(generation_);
+      *req.mutable_config() = config_;
+      req.set_block(k);
+      req.set_num_blocks(k_blocks);
+      if (k + 1 < k_blocks) {
+        req.set_next_address(workers_[k + 1][0]);
+        for (const auto& a : workers_[k + 1]) req.add_next_addresses(a);
+      }
+      req.set_replica(r);
+      req.set_replicas(replicas_[k]);
+      req.set_collective_address(collective_address_);
+      req.set_snapshots(elastic_);
+      EncodeShape(shape_, req.mutable_shape());
+      req.set_max_message_bytes(max_bytes_);
+      req.set_window(options_.window);
+      // At the start, wait for a worker still coming up; in a recovery a
+      // worker that is gone again fails the attempt at once (it is
+      // retried).
+      results[i] = peers_[k][r]
+                       ->Configure(req, absl::Now() + options_.rpc_deadline,
+                                   /*wait_for_ready=*/generation_ == 1)
+                       .status();
+    };
+    if (parallel) {
+      std::vector<std::thread> threads;
+      for (size_t i = 0; i < order.size(); ++i)
+        threads.emplace_back(configure, i);
+      for (auto& t : threads) t.join();
+    } else {
+      for (size_t i = 0; i < order.size(); ++i) {
+        configure(i);
+        if (!results[i].ok()) break;
       }
     }
+    for (const auto& st : results) RETURN_IF_ERROR(st);
     // Messages and the end of streams of an earlier attempt (before a
     // Recover) are ignored: only the current streams count.
     const int64_t epoch = ++stream_epoch_;
@@ -197,7 +229,112 @@ class ClusterEngine : public Engine {
     // A new generation: whatever of the failed attempt is still in flight
     // anywhere is refused as stale, and every block starts afresh.
     ++generation_;
-    return Connect(timeout);
+    RETURN_IF_ERROR(Connect(timeout, /*parallel=*/generation_ > 1));
+    std::lock_guard<std::mutex> l(mu_);
+    steps_done_.assign(num_blocks(), 0);
+    dead_.clear();
+    return absl::OkStatus();
+  }
+
+  bool MembershipPending() override {
+    return options_.membership != nullptr && options_.membership->Pending();
+  }
+
+  absl::Status ApplyMembership(int64_t step) override {
+    if (!options_.membership) return absl::OkStatus();
+    std::vector<MemberChange> changes = options_.membership->TakePending();
+    if (changes.empty()) return absl::OkStatus();
+    Topology next = workers_;
+    std::vector<MemberChange> applied;
+    for (const auto& c : changes) {
+      auto& block = next[c.block];
+      if (c.kind == MemberChangeKind::kJoin) {
+        // A joiner that went away meanwhile is dropped, not waited for.
+        WorkerClient probe("joining worker", c.address, max_bytes_,
+                           options_.security);
+        if (!probe.WaitForConnected(absl::Now() + absl::Seconds(2))) continue;
+        block.push_back(c.address);
+      } else {
+        auto it = std::find(block.begin(), block.end(), c.address);
+        if (it == block.end() || block.size() == 1) continue;
+        block.erase(it);
+      }
+      applied.push_back(c);
+    }
+    if (applied.empty()) {
+      options_.membership->SetTopology(run_id_, workers_, generation_);
+      return absl::OkStatus();
+    }
+    // The chain is idle at the boundary: every replica holds the same
+    // state, and replica 0 of each block hands it on.
+    ASSIGN_OR_RETURN(std::vector<std::string> states, SaveState());
+    return Reconfigure(next, step, states, std::move(applied));
+  }
+
+  absl::StatusOr<int64_t> RecoverFromReplicas() override {
+    if (!elastic_) return absl::UnimplementedError("no replicas");
+    CloseStream();
+    std::set<std::string> dead;
+    int64_t from = 0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      dead = dead_;
+      error_ = absl::OkStatus();
+      events_.clear();
+      evals_.clear();
+      step_reports_.clear();
+      from = *std::min_element(steps_done_.begin(), steps_done_.end());
+    }
+    // A worker that cannot be reached within a second is gone too.
+    for (const auto& block : peers_) {
+      for (const auto& peer : block) {
+        if (!dead.count(peer->address()) &&
+            !peer->WaitForConnected(absl::Now() + absl::Seconds(1))) {
+          dead.insert(peer->address());
+        }
+      }
+    }
+    if (dead.empty()) {
+      return absl::FailedPreconditionError("no worker is gone");
+    }
+    Topology next(num_blocks());
+    std::vector<MemberChange> changes;
+    std::vector<std::string> states(num_blocks());
+    for (int k = 0; k < num_blocks(); ++k) {
+      absl::Status last = absl::NotFoundError("no replica left");
+      for (int r = 0; r < replicas_[k]; ++r) {
+        const std::string& a = workers_[k][r];
+        if (dead.count(a)) {
+          changes.push_back({MemberChangeKind::kFailure, k, a});
+          continue;
+        }
+        next[k].push_back(a);
+        if (!states[k].empty()) continue;
+        // The survivor's state at the boundary every block passed.
+        v1::SaveStateRequest req;
+        req.set_run_id(run_id_);
+        req.set_generation(generation_);
+        req.set_from_snapshot(true);
+        req.set_snapshot_step(from);
+        auto st = peers_[k][r]->SaveState(
+            req, k, absl::Now() + options_.rpc_deadline, kMaxStateBytes);
+        if (st.ok()) {
+          states[k] = std::move(st->bytes);
+        } else {
+          last = st.status();
+        }
+      }
+      if (states[k].empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "block ", k, " has no replica to fail over to: ", last.message()));
+      }
+    }
+    RETURN_IF_ERROR(Reconfigure(next, from, states, std::move(changes)));
+    return from;
+  }
+
+  std::vector<TopologyEvent> TopologyHistory() const override {
+    return history_;
   }
 
   absl::StatusOr<std::vector<std::string>> SaveState() override {
@@ -340,9 +477,46 @@ class ClusterEngine : public Engine {
     return out;
   }
 
-  void Shutdown() override { CloseStream(); }
+  void Shutdown() override {
+    CloseStream();
+    if (options_.membership) options_.membership->Close();
+  }
 
  private:
+  // A new generation with topology `next`, every block restored in memory
+  // to `states` (taken at the boundary before `step`).
+  absl::Status Reconfigure(const Topology& next, int64_t step,
+                           const std::vector<std::string>& states,
+                           std::vector<MemberChange> changes) {
+    CloseStream();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      error_ = absl::OkStatus();
+      events_.clear();
+      evals_.clear();
+      step_reports_.clear();
+      dead_.clear();
+    }
+    RETURN_IF_ERROR(CheckReplicas(ReplicaCounts(next), num_blocks(),
+                                  config_.training().microbatches(),
+                                  "topology"));
+    SetTopology(next);
+    routes_step_ = -1;
+    ++generation_;
+    RETURN_IF_ERROR(Connect(options_.connect_timeout, /*parallel=*/true));
+    RETURN_IF_ERROR(LoadState(step, states));
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      steps_done_.assign(num_blocks(), step);
+    }
+    history_.push_back({step, generation_, std::move(changes), replicas_});
+    if (options_.membership) {
+      options_.membership->SetTopology(run_id_, workers_, generation_);
+    }
+    if (options_.on_topology) options_.on_topology(history_.back());
+    return absl::OkStatus();
+  }
+
   static absl::Status SameState(const v1::GetStateResponse& a,
                                 const v1::GetStateResponse& b,
                                 const WorkerClient& who) {
@@ -422,11 +596,13 @@ class ClusterEngine : public Engine {
   // A replica's step report. The block's step is done when every replica
   // has taken it; they reduced together, so they applied the same.
   void OnStepDone(int k, const StepDone& d) {
+    std::lock_guard<std::mutex> l(mu_);
     if (replicas_[k] == 1) {
-      Push(d);
+      steps_done_[k] = std::max(steps_done_[k], d.step + 1);
+      events_.push_back(d);
+      cv_.notify_all();
       return;
     }
-    std::lock_guard<std::mutex> l(mu_);
     auto& reports = step_reports_[{k, d.step}];
     reports.push_back(d);
     if (static_cast<int>(reports.size()) < replicas_[k]) return;
@@ -442,6 +618,7 @@ class ClusterEngine : public Engine {
       out.timing.seconds = std::max(out.timing.seconds, o.timing.seconds);
     }
     step_reports_.erase({k, d.step});
+    steps_done_[k] = std::max(steps_done_[k], d.step + 1);
     events_.push_back(out);
     cv_.notify_all();
   }
@@ -514,6 +691,7 @@ class ClusterEngine : public Engine {
     std::lock_guard<std::mutex> l(mu_);
     if (epoch != stream_epoch_) return;
     --streams_live_;
+    if (!closing_ && !s.ok()) dead_.insert(workers_[0][r]);
     // A block that stopped the chain says who failed on the status.
     if (auto f = ReportedFailure(FromGrpcStatus(s))) {
       FailLocked(*f);
@@ -531,6 +709,8 @@ class ClusterEngine : public Engine {
     std::lock_guard<std::mutex> l(mu_);
     if (epoch != stream_epoch_) return;
     --controls_live_;
+    // First-hand: the worker itself went away (or refused the stream).
+    if (!closing_) dead_.insert(workers_[k][r]);
     if (!closing_ && error_.ok()) {
       // The worker itself went away (or refused the stream): first-hand.
       WorkerState(k, false);
@@ -549,8 +729,12 @@ class ClusterEngine : public Engine {
   int64_t generation_ = 1;
   std::atomic<int64_t> stream_epoch_{0};
   int64_t max_bytes_ = 0;
-  // By block, then replica.
+  // The topology in force and its replica counts, by block, then replica.
+  Topology workers_;
   std::vector<int> replicas_;
+  // Snapshots on every worker, so that replicas can fail over.
+  bool elastic_ = false;
+  std::vector<TopologyEvent> history_;
   std::vector<std::vector<std::unique_ptr<WorkerClient>>> peers_;
   // The rendezvous store of the reduction groups (with replicas only).
   std::unique_ptr<StoreServer> store_;
@@ -572,6 +756,10 @@ class ClusterEngine : public Engine {
   int streams_live_ = 0;  // streams into block 0 not done yet
   // Step reports of replicated blocks, until every replica's is in.
   std::map<std::pair<int, int64_t>, std::vector<StepDone>> step_reports_;
+  // Steps each block has applied (every replica of it); guarded by mu_.
+  std::vector<int64_t> steps_done_;
+  // Workers whose streams ended under them this attempt; guarded by mu_.
+  std::set<std::string> dead_;
   int opened_ = 0;         // control streams the workers took
   int controls_live_ = 0;  // control streams not done yet
 };

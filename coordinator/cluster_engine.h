@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
+#include "coordinator/membership.h"
 #include "coordinator/topology.h"
 #include "proto/config.pb.h"
 #include "rpc/security.h"
@@ -43,6 +44,13 @@ struct ClusterOptions {
   std::function<void()> revive;
   // Told whenever a worker is known to be down (false) or reachable again.
   std::function<void(int block, bool up)> on_worker_state;
+  // Elastic membership: joins and leaves from the coordinator service, and
+  // step-boundary snapshots on every worker so that a dead replica's block
+  // fails over to its survivors. Null: the topology stays as given (with
+  // replicas, snapshots are kept all the same).
+  Membership* membership = nullptr;
+  // Told of every topology change the engine applied.
+  std::function<void(const TopologyEvent&)> on_topology;
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(

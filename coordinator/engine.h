@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/membership.h"
 #include "services/messages.h"
 
 namespace interlock {
@@ -69,6 +70,24 @@ class Engine {
   // attempt is applied) and reopens the chain. Engines that cannot fail
   // this way answer UNIMPLEMENTED.
   virtual absl::Status Recover(absl::Duration timeout) = 0;
+  // Elastic membership (DESIGN §2.4). Whether joins or leaves wait for a
+  // step boundary.
+  virtual bool MembershipPending() { return false; }
+  // Applies them with the chain idle before `step`: the state of every
+  // block moves from a live replica to the new topology in memory.
+  virtual absl::Status ApplyMembership(int64_t step) {
+    (void)step;
+    return absl::OkStatus();
+  }
+  // After a failure in which replicas died but every block kept one:
+  // continues without them from the last step boundary every block passed,
+  // from the survivors' snapshots (no checkpoint), and returns that step.
+  // UNIMPLEMENTED or FAILED_PRECONDITION when it cannot (then Recover).
+  virtual absl::StatusOr<int64_t> RecoverFromReplicas() {
+    return absl::UnimplementedError("no replicas to fail over to");
+  }
+  // The topology changes so far (empty: it never changed).
+  virtual std::vector<TopologyEvent> TopologyHistory() const { return {}; }
   virtual void Shutdown() = 0;
 };
 

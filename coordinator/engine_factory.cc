@@ -2,9 +2,13 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+#include <fstream>
+
 #include "coordinator/cluster_engine.h"
 #include "coordinator/inprocess_engine.h"
 #include "coordinator/topology.h"
+#include "services/config.h"
 #include "services/device.h"
 #include "services/models.h"
 #include "services/status_macros.h"
@@ -13,6 +17,8 @@ namespace interlock {
 
 RunEngine::~RunEngine() {
   if (engine_) engine_->Shutdown();
+  // No Register or Leave reaches the membership once the server is gone.
+  coordinator_.reset();
   if (local_) {
     if (on_cluster_) on_cluster_(nullptr);
     local_->Stop();
@@ -110,6 +116,36 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
       } else if (*n > 0) {
         *log << "interlock: restarted " << *n << " worker(s)\n";
       }
+    };
+  }
+  if (options.coordinator_port >= 0) {
+    run->membership_ = std::make_unique<Membership>(
+        k, config.training().microbatches(), ModelFingerprint(config));
+    if (metrics) {
+      run->membership_->set_on_refused(
+          [metrics](const std::string& reason) { metrics->OnRefused(reason); });
+    }
+    ASSIGN_OR_RETURN(TransportSecurity server_security,
+                     LoadTransportSecurity(options.security, /*server=*/true));
+    ASSIGN_OR_RETURN(run->coordinator_,
+                     CoordinatorServer::Start(
+                         options.coordinator_host, options.coordinator_port,
+                         server_security, run->membership_.get()));
+    *log << "interlock: membership service on " << options.coordinator_host
+         << ":" << run->coordinator_->port() << "\n";
+    if (!options.coordinator_port_file.empty()) {
+      const std::string tmp = options.coordinator_port_file + ".tmp";
+      {
+        std::ofstream out(tmp);
+        out << run->coordinator_->port() << "\n";
+      }
+      std::rename(tmp.c_str(), options.coordinator_port_file.c_str());
+    }
+    co.membership = run->membership_.get();
+  }
+  if (metrics) {
+    co.on_topology = [metrics](const TopologyEvent& e) {
+      metrics->OnTopology(e);
     };
   }
   ASSIGN_OR_RETURN(run->engine_, MakeClusterEngine(config, shape, co));

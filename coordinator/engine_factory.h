@@ -10,8 +10,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "coordinator/coordinator_service.h"
 #include "coordinator/engine.h"
 #include "coordinator/local_cluster.h"
+#include "coordinator/membership.h"
 #include "coordinator/metrics.h"
 #include "coordinator/train_options.h"
 #include "proto/config.pb.h"
@@ -39,6 +41,10 @@ class RunEngine {
   RunEngine() = default;
 
   std::unique_ptr<LocalCluster> local_;
+  // The membership service (with --coordinator_port), outliving the engine
+  // that reads it.
+  std::unique_ptr<Membership> membership_;
+  std::unique_ptr<CoordinatorServer> coordinator_;
   std::unique_ptr<Engine> engine_;
   std::string seal_key_;
   std::function<void(LocalCluster*)> on_cluster_;

@@ -33,6 +33,7 @@ struct Accounting {
   int64_t duplicates_acknowledged = 0;
   int64_t resumed_from_step = -1;  // -1: not resumed
   int64_t checkpoints = 0;
+  int64_t failovers = 0;
 };
 
 class Ledger {

@@ -114,6 +114,32 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
                              .Name("interlock_coordinator_replicas")
                              .Help("Worker replicas the run gives each block")
                              .Register(r);
+  m->desired_family_ =
+      &prometheus::BuildGauge()
+           .Name("interlock_coordinator_desired_replicas")
+           .Help(
+               "Replicas a block should have: those configured, plus joins, "
+               "minus leaves (a failure leaves it below)")
+           .Register(r);
+  m->changes_family_ =
+      &prometheus::BuildCounter()
+           .Name("interlock_coordinator_membership_changes_total")
+           .Help("Replicas that joined, left or failed, by kind")
+           .Register(r);
+  m->refusals_family_ =
+      &prometheus::BuildCounter()
+           .Name("interlock_coordinator_membership_refusals_total")
+           .Help("Register and Leave calls refused, by reason")
+           .Register(r);
+  for (const char* kind : {"join", "leave", "failure"}) {
+    m->changes_family_->Add({{"kind", kind}, {"mode", mode}});
+  }
+  m->generation_ = &prometheus::BuildGauge()
+                        .Name("interlock_coordinator_topology_generation")
+                        .Help("Generation of the topology in force")
+                        .Register(r)
+                        .Add(labels);
+  m->generation_->Set(1);
   auto exposer = HttpExposer::Start(host, port, m->registry_);
   if (!exposer.ok()) return exposer.status();
   m->exposer_ = std::move(*exposer);
@@ -183,6 +209,35 @@ void CoordinatorMetrics::SetWorkerUp(int block, bool up) {
 
 void CoordinatorMetrics::SetReplicas(int block, int replicas) {
   PerBlock(replicas_family_, replicas_, block).Set(replicas);
+  int desired = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    desired = desired_count_.emplace(block, replicas).first->second;
+  }
+  PerBlock(desired_family_, desired_, block).Set(desired);
+}
+
+void CoordinatorMetrics::OnTopology(const TopologyEvent& e) {
+  for (size_t b = 0; b < e.replicas.size(); ++b) {
+    SetReplicas(static_cast<int>(b), e.replicas[b]);
+  }
+  for (const auto& c : e.changes) {
+    changes_family_->Add({{"kind", MemberChangeName(c.kind)}, {"mode", mode_}})
+        .Increment();
+    if (c.kind == MemberChangeKind::kFailure) continue;
+    int desired = 0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      desired = desired_count_[c.block] +=
+          c.kind == MemberChangeKind::kJoin ? 1 : -1;
+    }
+    PerBlock(desired_family_, desired_, c.block).Set(desired);
+  }
+  generation_->Set(static_cast<double>(e.generation));
+}
+
+void CoordinatorMetrics::OnRefused(const std::string& reason) {
+  refusals_family_->Add({{"reason", reason}, {"mode", mode_}}).Increment();
 }
 
 void CoordinatorMetrics::OnEval(int block, double accuracy, double loss) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/membership.h"
 #include "metrics/http_exposer.h"
 
 namespace interlock {
@@ -42,8 +43,15 @@ class CoordinatorMetrics {
   void OnRecovery();
   // Thread-safe: the cluster engine reports from its RPC threads.
   void SetWorkerUp(int block, bool up);
-  // The block runs on `replicas` worker replicas (DESIGN §2.4).
+  // The block runs on `replicas` worker replicas (DESIGN §2.4); the first
+  // call also makes them the block's desired replicas.
   void SetReplicas(int block, int replicas);
+  // A topology change: replicas per block, a change counted by kind, the
+  // generation. Joins and leaves move the desired replicas; failures do
+  // not (the alert fires while a block runs below them).
+  void OnTopology(const TopologyEvent& e);
+  // A Register or Leave refused, by reason (Membership::set_on_refused).
+  void OnRefused(const std::string& reason);
 
  private:
   CoordinatorMetrics() = default;
@@ -71,10 +79,15 @@ class CoordinatorMetrics {
   prometheus::Counter* recoveries_ = nullptr;
   prometheus::Family<prometheus::Gauge>* workers_up_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* replicas_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* desired_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* changes_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* refusals_family_ = nullptr;
+  prometheus::Gauge* generation_ = nullptr;
+  std::map<int, int> desired_count_;  // guarded by mu_
   prometheus::Family<prometheus::Counter>* skipped_family_ = nullptr;
   std::mutex mu_;  // guards the per-block caches
   std::map<int, prometheus::Gauge*> loss_, accuracy_, eval_loss_, workers_up_,
-      busy_, replicas_;
+      busy_, replicas_, desired_;
   std::map<int, prometheus::Counter*> skipped_;
 };
 

@@ -164,6 +164,20 @@ absl::StatusOr<int64_t> RunRecovery::Recover(const absl::Status& failure) {
         absl::StrCat(failure.message(), " (", kMaxWithoutProgress,
                      " recoveries in a row made no progress)"));
   }
+  // Replicas died but every block kept one: the survivors carry on from
+  // their snapshots, without a checkpoint.
+  auto failover = engine_.RecoverFromReplicas();
+  if (failover.ok()) {
+    ++state_.ledger.accounting().failovers;
+    *log_ << "\ninterlock: " << failure.message()
+          << "; the surviving replicas continue from step " << *failover
+          << " (no checkpoint restore)\n";
+    return *failover;
+  }
+  if (!absl::IsUnimplemented(failover.status())) {
+    *log_ << "\ninterlock: no fail-over to replicas ("
+          << failover.status().message() << ")\n";
+  }
   *log_ << "\ninterlock: " << failure.message()
         << "; recovering (waiting up to "
         << absl::FormatDuration(o_.recover_timeout) << " for every worker)\n";

@@ -82,6 +82,19 @@ RunSummary SummaryOf(const v1::RunConfig& config, const std::string& mode,
   out->set_duplicates_acknowledged(Count(a.duplicates_acknowledged));
   out->set_resumed_from_step(Count(a.resumed_from_step));
   out->set_checkpoints(Count(a.checkpoints));
+  out->set_failovers(Count(a.failovers));
+  for (const TopologyEvent& e : r.topology) {
+    v1::TopologyChange* c = s.add_topology();
+    c->set_step(Count(e.step));
+    c->set_generation(Count(e.generation));
+    for (const MemberChange& m : e.changes) {
+      auto* o = c->add_changes();
+      o->set_kind(MemberChangeName(m.kind));
+      o->set_block(m.block);
+      o->set_address(m.address);
+    }
+    for (int n : e.replicas) c->add_replicas(n);
+  }
   return s;
 }
 

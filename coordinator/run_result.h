@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "coordinator/ledger.h"
+#include "coordinator/membership.h"
 
 namespace interlock {
 
@@ -50,6 +51,7 @@ struct TrainResult {
   std::vector<int64_t> skipped_steps;
   Accounting accounting;
   std::vector<int> replicas;  // worker replicas per block (1 in process)
+  std::vector<TopologyEvent> topology;  // changes during the run
 };
 
 }  // namespace interlock

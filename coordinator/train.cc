@@ -174,6 +174,12 @@ class Runner {
       if (eval_due || checkpoint_due) RETURN_IF_ERROR(DrainThrough(s));
       if (eval_due) RETURN_IF_ERROR(EvaluateAt(s + 1));
       if (checkpoint_due) RETURN_IF_ERROR(recovery_.Take(s + 1).status());
+      // Joins and leaves (DESIGN §2.4) take effect at a step boundary, with
+      // the chain idle.
+      if (s + 1 < total_ && engine_.MembershipPending()) {
+        RETURN_IF_ERROR(DrainThrough(s));
+        RETURN_IF_ERROR(engine_.ApplyMembership(s + 1));
+      }
     }
     // No more submissions: the replay may now run past the last step.
     s_.clock.Finish();
@@ -196,6 +202,9 @@ class Runner {
     result.final_losses = s_.records.last_losses();
     result.skipped_steps = s_.ledger.SkippedPerBlock();
     result.replicas = Replicas();
+    result.topology = engine_.TopologyHistory();
+    if (!result.topology.empty())
+      result.replicas = result.topology.back().replicas;
     auto& evals = s_.evals;
     if (evals.empty() || evals.back().step != total_) {
       RETURN_IF_ERROR(EvaluateAt(total_));

@@ -63,6 +63,12 @@ struct EngineOptions {
   // blocks' devices; a local cluster passes each worker its block's. Remote
   // workers choose their own (their --device), so they take none here.
   std::vector<c10::Device> devices;
+  // Cluster: the membership service workers join and leave through
+  // (DESIGN §2.4) listens on coordinator_host:coordinator_port (-1: off,
+  // 0: any free port; coordinator_port_file, if set, receives the port).
+  int coordinator_port = -1;
+  std::string coordinator_host = "0.0.0.0";
+  std::string coordinator_port_file;
   // Cluster: how long to wait for a worker to be reachable.
   absl::Duration connect_timeout = absl::Seconds(30);
   // Cluster: bearer token and TLS files for the coordinator's calls; a local

@@ -6,6 +6,8 @@
 #include <limits>
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
+
 namespace interlock {
 namespace {
 
@@ -74,6 +76,20 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder,
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+std::string Unbracketed(const std::string& host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+std::string GrpcAddress(const std::string& host, int port) {
+  const std::string bare = Unbracketed(host);
+  return bare.find(':') == std::string::npos
+             ? absl::StrCat(bare, ":", port)
+             : absl::StrCat("[", bare, "]:", port);
 }
 
 }  // namespace interlock

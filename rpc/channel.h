@@ -25,6 +25,12 @@ std::shared_ptr<grpc::Channel> MakeChannel(
     const std::string& address, int64_t max_message_bytes,
     const TransportSecurity& security = {});
 
+// gRPC wants an IPv6 literal in brackets before ":port"; getaddrinfo (the
+// metrics exposer) wants it without.
+std::string Unbracketed(const std::string& host);
+// "host:port" for a gRPC listening port, bracketing an IPv6 literal.
+std::string GrpcAddress(const std::string& host, int port);
+
 // Server-side limits and keepalive policy. A compressed message is held to
 // the same limit once inflated.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder,

@@ -1,6 +1,8 @@
 #include "services/config.h"
 
+#include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "services/models.h"
 #include "services/optim.h"
+#include "services/sha256.h"
 #include "services/status_macros.h"
 #include "services/wire_codec.h"
 
@@ -106,6 +109,19 @@ void ApplyDefaults(RunConfig& c) {
       w->gradients() == WireSpec::CODEC_UNSPECIFIED) {
     c.clear_wire();
   }
+}
+
+std::string ModelFingerprint(const RunConfig& config) {
+  RunConfig c = config;
+  ApplyDefaults(c);
+  std::string bytes;
+  google::protobuf::io::StringOutputStream raw(&bytes);
+  google::protobuf::io::CodedOutputStream out(&raw);
+  // Deterministic: map fields (none today) would otherwise be unordered.
+  out.SetSerializationDeterministic(true);
+  c.model().SerializeToCodedStream(&out);
+  out.Trim();
+  return Sha256Hex(bytes.data(), bytes.size());
 }
 
 absl::Status CheckLearningRate(double lr, const std::string& what) {

@@ -25,6 +25,11 @@ void ApplyDefaults(interlock::v1::RunConfig& config);
 // Errors name the field.
 absl::Status ValidateRunConfig(const interlock::v1::RunConfig& config);
 
+// SHA-256 (hex) of the model a run trains (architecture, partition, heads,
+// after defaults): a worker registering for a block of another model is
+// refused (DESIGN §2.4).
+std::string ModelFingerprint(const interlock::v1::RunConfig& config);
+
 // The largest learning rate a block accepts: parameters are float32, and
 // LibTorch refuses to turn a larger scalar into one.
 inline constexpr double kMaxLearningRate = 3.4028234663852886e38;

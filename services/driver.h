@@ -47,6 +47,12 @@ class BlockDriver {
   // The block's training state at the current step boundary (a LibTorch
   // archive), and its restoration; both need Idle().
   absl::StatusOr<std::string> SaveState() const;
+  // The same without the idle check, for step_done: the block has just
+  // stepped and runs nothing of the next step before step_done returns, so
+  // forwards queued for it do not change the state.
+  absl::StatusOr<std::string> SaveStateAtBoundary() const {
+    return trainer_->SaveState(step_);
+  }
   // The block continues from the archive's step (which must be `step`
   // unless that is -1).
   absl::Status LoadState(const std::string& archive, int64_t step = -1);

@@ -13,6 +13,8 @@
 #include <future>
 #include <iostream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -25,6 +27,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/channel.h"
+#include "rpc/coordinator_client.h"
+#include "services/config.h"
 #include "services/device.h"
 #include "services/runtime.h"
 #include "worker/server.h"
@@ -62,6 +66,20 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(std::string, device, "cpu",
           "where the block runs: cpu, cuda (= cuda:0) or cuda:N; CUDA needs "
           "a LibTorch built with it and that GPU visible");
+ABSL_FLAG(std::string, coordinator, "",
+          "HOST:PORT of a running coordinator's membership service: join "
+          "the replicas of --block there (Register) and leave on SIGTERM");
+ABSL_FLAG(int, block, -1, "With --coordinator: the block to host");
+ABSL_FLAG(std::string, advertise, "",
+          "With --coordinator: HOST:PORT the coordinator and the upstream "
+          "block reach this worker at (default: --host, or this machine's "
+          "host name when --host is 0.0.0.0 or ::, and the port served)");
+ABSL_FLAG(std::string, run_config, "",
+          "With --coordinator: the run config this worker is meant for; a "
+          "run of another model refuses it");
+ABSL_FLAG(int, drain_timeout, 120,
+          "Seconds a registered worker waits, on SIGTERM, for the "
+          "coordinator to take it out at a step boundary before it exits");
 ABSL_FLAG(std::string, collective_host, "",
           "address of this machine the reduction with the other replicas of "
           "its block listens on, e.g. the pod IP (empty: the host name)");
@@ -122,7 +140,8 @@ absl::Status CheckHost(const char* flag, const std::string& host) {
 // A health-check target of the form host:port or [v6]:port must have a port
 // gRPC will not wrap (99999 would probe 34463, maybe another process).
 // Targets with a scheme (dns:///, unix:) are left to gRPC.
-absl::Status CheckTargetPort(const std::string& target) {
+absl::Status CheckTargetPort(const std::string& flag,
+                             const std::string& target) {
   const size_t colon = target.rfind(':');
   if (colon == std::string::npos) return absl::OkStatus();
   const bool bracketed = colon > 0 && target[colon - 1] == ']';
@@ -135,7 +154,7 @@ absl::Status CheckTargetPort(const std::string& target) {
   }
   if (!absl::SimpleAtoi(port, &value) || value < 1 || value > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--health_check: '", target, "': port ", port, " is not in 1..65535"));
+        "--", flag, ": '", target, "': port ", port, " is not in 1..65535"));
   }
   return absl::OkStatus();
 }
@@ -186,6 +205,56 @@ int HealthCheck(const std::string& target, const std::string& service,
   return code == 1 ? 0 : 1;
 }
 
+// --coordinator: registers this worker (serving on `port`) for --block.
+// Returns the address it registered and the client-side security its Leave
+// uses.
+absl::StatusOr<std::pair<std::string, interlock::TransportSecurity>> Join(
+    const std::string& coordinator, const interlock::SecurityFiles& files,
+    int port, const std::string& host) {
+  if (auto st = CheckTargetPort("coordinator", coordinator); !st.ok())
+    return st;
+  const int block = absl::GetFlag(FLAGS_block);
+  if (block < 0) {
+    return absl::InvalidArgumentError(
+        "--coordinator needs --block (the block to host, from 0)");
+  }
+  std::string address = absl::GetFlag(FLAGS_advertise);
+  if (address.empty()) {
+    std::string h = host;
+    if (h == "0.0.0.0" || h == "::" || h == "[::]") {
+      char name[256] = {0};
+      if (gethostname(name, sizeof(name) - 1) != 0) {
+        return absl::InternalError("--advertise: no host name; give one");
+      }
+      h = name;
+    }
+    address = interlock::GrpcAddress(h, port);
+  } else if (auto st = CheckTargetPort("advertise", address); !st.ok()) {
+    return st;
+  }
+  interlock::v1::RegisterRequest req;
+  req.set_block(block);
+  req.set_address(address);
+  if (const std::string path = absl::GetFlag(FLAGS_run_config); !path.empty()) {
+    auto config = interlock::LoadRunConfig(path);
+    if (!config.ok()) return config.status();
+    req.set_config_sha256(interlock::ModelFingerprint(*config));
+  }
+  auto security = interlock::LoadTransportSecurity(files, /*server=*/false);
+  if (!security.ok()) return security.status();
+  auto r = interlock::RegisterWithCoordinator(coordinator, *security, req,
+                                              absl::Now() + absl::Minutes(5));
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("register with ", coordinator, ": ",
+                                     r.status().message()));
+  }
+  std::cerr << "interlock-worker: registered as " << address << " for block "
+            << block << " of run " << r->run_id() << " (generation "
+            << r->generation() << ")\n";
+  return std::make_pair(address, *std::move(security));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -215,7 +284,8 @@ int main(int argc, char** argv) {
   files.tls_key = absl::GetFlag(FLAGS_tls_key);
   files.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   if (!absl::GetFlag(FLAGS_health_check).empty()) {
-    if (auto st = CheckTargetPort(absl::GetFlag(FLAGS_health_check));
+    if (auto st =
+            CheckTargetPort("health_check", absl::GetFlag(FLAGS_health_check));
         !st.ok()) {
       std::cerr << "interlock-worker: error: " << st.message() << "\n";
       return 2;
@@ -327,9 +397,37 @@ int main(int argc, char** argv) {
                           ":", (*server)->metrics_port(),
                           options.metrics_token.empty() ? "" : " (token)"))
             << ", blocks on " << options.device.str() << "\n";
+  // Elastic membership: join a running run's block, leave on SIGTERM.
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  std::string advertised;
+  interlock::TransportSecurity client_security;
+  if (!coordinator.empty()) {
+    auto joined = Join(coordinator, files, (*server)->port(), options.host);
+    if (!joined.ok()) {
+      std::cerr << "interlock-worker: error: " << joined.status().message()
+                << "\n";
+      (*server)->Shutdown();
+      return 1;
+    }
+    std::tie(advertised, client_security) = *std::move(joined);
+  }
   int sig = 0;
   sigwait(&signals, &sig);
   std::cerr << "interlock-worker: signal " << sig << ", shutting down\n";
+  if (!advertised.empty()) {
+    // Scale-down: finish what this replica holds and leave at a step
+    // boundary before the server goes.
+    auto left = interlock::LeaveCoordinator(
+        coordinator, client_security, advertised,
+        absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout)));
+    if (left.ok()) {
+      std::cerr << "interlock-worker: left the run (generation " << *left
+                << ")\n";
+    } else {
+      std::cerr << "interlock-worker: leave: " << left.status().message()
+                << "\n";
+    }
+  }
   (*server)->Shutdown();
   server->reset();
   return 0;

@@ -12,26 +12,6 @@ constexpr char kServiceName[] = "interlock.v1.Worker";
 // startup probe asks (the empty name and kServiceName mean "holds a block").
 constexpr char kLivenessName[] = "liveness";
 
-namespace {
-
-// gRPC wants an IPv6 literal in brackets before ":port"; getaddrinfo (the
-// metrics exposer) wants it without.
-std::string Unbracketed(const std::string& host) {
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    return host.substr(1, host.size() - 2);
-  }
-  return host;
-}
-
-std::string GrpcAddress(const std::string& host, int port) {
-  const std::string bare = Unbracketed(host);
-  return bare.find(':') == std::string::npos
-             ? absl::StrCat(bare, ":", port)
-             : absl::StrCat("[", bare, "]:", port);
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
     const WorkerServerOptions& options) {
   // gRPC would take "-5" or "99999" as a service name or wrap it to another

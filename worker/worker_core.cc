@@ -198,6 +198,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   run->replica = req.replica();
   run->replicas = replicas;
   run->next_addresses = std::move(next);
+  run->snapshots = req.snapshots();
   run->max_message_bytes = req.max_message_bytes();
   run->sample_shape =
       req.block() == 0 ? SampleShape(shape) : outputs[req.block() - 1];
@@ -274,6 +275,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     SendUp(m.step, m.mb, m.final, std::move(msg));
   };
   cb.step_done = [this, r](StepDone d) {
+    if (r->snapshots) TakeSnapshot(d.step + 1);
     r->metrics->step->Set(static_cast<double>(d.step + 1));
     r->metrics->optimizer_seconds->Observe(d.timing.seconds);
     if (r->replicas > 1) {
@@ -300,7 +302,18 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   run->driver = host_.driver();
   run->metrics->configured->Set(1);
   run->metrics->step->Set(0);
+  {
+    std::lock_guard<std::mutex> l(snapshot_mu_);
+    snapshots_ = Snapshots();
+    snapshots_.run_id = run->run_id;
+    snapshots_.generation = run->generation;
+    snapshots_.block = run->block;
+    // Blocks are at most max_steps_ahead apart (see above), so the last
+    // boundary every block passed is never older than that.
+    snapshots_.keep = run->max_steps_ahead + 1;
+  }
   run_ = std::move(run);
+  if (run_->snapshots) TakeSnapshot(0);
   if (on_configured_) on_configured_(true);
   return run_->response;
 }
@@ -348,9 +361,56 @@ absl::Status WorkerCore::CheckRun(const std::string& what,
   return absl::OkStatus();
 }
 
+void WorkerCore::TakeSnapshot(int64_t step) {
+  // A snapshot that cannot be taken is only missing: a recovery that needs
+  // it falls back to the checkpoint.
+  auto bytes = run_->driver->SaveStateAtBoundary();
+  if (!bytes.ok()) return;
+  std::lock_guard<std::mutex> l(snapshot_mu_);
+  auto& kept = snapshots_.by_step;
+  kept[step] = *std::move(bytes);
+  while (static_cast<int64_t>(kept.size()) > snapshots_.keep) {
+    kept.erase(kept.begin());
+  }
+}
+
+absl::StatusOr<BlockStateArchive> WorkerCore::SnapshotAt(
+    const v1::SaveStateRequest& request) {
+  std::lock_guard<std::mutex> l(snapshot_mu_);
+  const Snapshots& s = snapshots_;
+  if (s.run_id.empty() || request.run_id() != s.run_id ||
+      request.generation() != s.generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "save_state: run ", Quoted(request.run_id()), " generation ",
+        request.generation(), " is not the run this worker is configured for"));
+  }
+  auto it = s.by_step.find(request.snapshot_step());
+  if (it == s.by_step.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "save_state: block ", s.block, " keeps no snapshot at step ",
+        request.snapshot_step(),
+        s.by_step.empty()
+            ? std::string(" (it keeps none)")
+            : absl::StrCat(" (it keeps steps ", s.by_step.begin()->first,
+                           " to ", s.by_step.rbegin()->first, ")")));
+  }
+  BlockStateArchive a;
+  a.run_id = s.run_id;
+  a.generation = s.generation;
+  a.block = s.block;
+  a.step = it->first;
+  a.bytes = it->second;
+  a.sha256 = Sha256Hex(a.bytes.data(), a.bytes.size());
+  return a;
+}
+
 void WorkerCore::SaveState(
     const v1::SaveStateRequest& request,
     std::function<void(absl::StatusOr<BlockStateArchive>)> done) {
+  if (request.from_snapshot()) {
+    done(SnapshotAt(request));
+    return;
+  }
   host_.Post([this, request, done = std::move(done)] {
     done([&]() -> absl::StatusOr<BlockStateArchive> {
       RETURN_IF_ERROR(
@@ -426,6 +486,13 @@ void WorkerCore::LoadState(BlockStateArchive state,
       }
       RETURN_IF_ERROR(run_->driver->LoadState(state.bytes, state.step));
       const int64_t step = run_->driver->current_step();
+      if (run_->snapshots) {
+        {
+          std::lock_guard<std::mutex> l(snapshot_mu_);
+          snapshots_.by_step.clear();
+        }
+        TakeSnapshot(step);
+      }
       run_->metrics->step->Set(static_cast<double>(step));
       return step;
     }();

@@ -172,6 +172,13 @@ class WorkerCore {
   // The configured run, if `run_id` and `generation` name it.
   absl::Status CheckRun(const std::string& what, const std::string& run_id,
                         int64_t generation) const;
+  // Keeps the block's state at the boundary before `step` (on the
+  // executor, right after the block stepped `step - 1` or was loaded).
+  void TakeSnapshot(int64_t step);
+  // SaveState of a kept snapshot: served off the executor, which may be
+  // busy (or waiting on a dead peer's reduction) when it is asked for.
+  absl::StatusOr<BlockStateArchive> SnapshotAt(
+      const interlock::v1::SaveStateRequest& request);
 
   const WorkerOptions options_;
   WorkerMetrics* const metrics_;
@@ -186,6 +193,18 @@ class WorkerCore {
   // Incoming streams by sending replica; guarded by sink_mu_.
   std::map<int, std::shared_ptr<UpstreamSink>> sinks_;
   std::shared_ptr<ControlSink> control_;  // guarded by sink_mu_
+
+  // The block's state at recent step boundaries (ConfigureRequest.snapshots)
+  // of the run and generation named, by step.
+  struct Snapshots {
+    std::string run_id;
+    int64_t generation = 0;
+    int block = 0;
+    int64_t keep = 0;  // boundaries kept
+    std::map<int64_t, std::string> by_step;
+  };
+  std::mutex snapshot_mu_;
+  Snapshots snapshots_;  // guarded by snapshot_mu_
 
   // Every touch of the block and of run_ happens on its executor. Last:
   // it stops before the rest goes.

@@ -65,6 +65,8 @@ struct WorkerCore::Run {
     for (auto& [replica, l] : links) l.link->Close();
   }
   bool failed = false;
+  // Keeps step-boundary snapshots (ConfigureRequest.snapshots).
+  bool snapshots = false;
   BlockMetrics* metrics = nullptr;
   int64_t nonfinite_seen = 0;  // the trainer's count already exported
   interlock::v1::ConfigureResponse response;

@@ -1,0 +1,104 @@
+#include "coordinator/coordinator_service.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/channel.h"
+#include "rpc/status.h"
+
+namespace interlock {
+namespace {
+
+namespace v1 = interlock::v1;
+
+// A leaver waits for the next step boundary; longer than this, it asks
+// again.
+constexpr absl::Duration kMaxLeaveWait = absl::Minutes(10);
+
+}  // namespace
+
+class CoordinatorServer::Service : public v1::Coordinator::CallbackService {
+ public:
+  Service(Membership* membership, std::string token)
+      : membership_(membership), token_(std::move(token)) {}
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (absl::Status s = Authorize(ctx); !s.ok()) {
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
+    auto r = membership_->Register(request->block(), request->address(),
+                                   request->config_sha256());
+    if (r.ok()) {
+      response->set_run_id(r->run_id);
+      response->set_generation(r->generation);
+    }
+    reactor->Finish(ToGrpcStatus(r.status()));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx,
+                                  const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (absl::Status s = Authorize(ctx); !s.ok()) {
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
+    // The answer waits for a step boundary: never block a reaction.
+    absl::Time deadline = absl::Now() + kMaxLeaveWait;
+    const auto client = ctx->deadline();
+    if (client != std::chrono::system_clock::time_point::max()) {
+      deadline = std::min(deadline, absl::FromChrono(client));
+    }
+    std::thread([this, reactor, response, address = request->address(),
+                 deadline] {
+      auto g = membership_->Leave(address, deadline);
+      if (g.ok()) response->set_generation(*g);
+      reactor->Finish(ToGrpcStatus(g.status()));
+    }).detach();
+    return reactor;
+  }
+
+ private:
+  absl::Status Authorize(grpc::CallbackServerContext* ctx) {
+    absl::Status s = CheckBearer(ctx->client_metadata(), token_);
+    if (!s.ok()) membership_->Refused("token");
+    return s;
+  }
+
+  Membership* const membership_;
+  const std::string token_;
+};
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const std::string& host, int port, const TransportSecurity& security,
+    Membership* membership) {
+  std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  s->service_ = std::make_unique<Service>(membership, security.token);
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(builder, 1 << 20);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  const std::string address = GrpcAddress(host, port);
+  builder.AddListeningPort(address, ServerCredentialsFor(security), &s->port_);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_ || s->port_ == 0) {
+    s->server_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "--coordinator_port: cannot listen on ", address,
+        " (the port is in use, or the address is not one of this machine's)"));
+  }
+  return s;
+}
+
+CoordinatorServer::~CoordinatorServer() {
+  if (server_)
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(2));
+}
+
+}  // namespace interlock

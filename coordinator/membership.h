@@ -1,0 +1,101 @@
+// Elastic membership (DESIGN §2.4): workers that ask to join a block's
+// replicas (Register) or to leave it (Leave, on scale-down). Requests are
+// checked at once and applied by the cluster engine at the next step
+// boundary; a leaver hears back once it is out of the topology. No gRPC
+// types: coordinator_service.h is the adapter.
+#ifndef INTERLOCK_COORDINATOR_MEMBERSHIP_H_
+#define INTERLOCK_COORDINATOR_MEMBERSHIP_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/topology.h"
+
+namespace interlock {
+
+enum class MemberChangeKind { kJoin, kLeave, kFailure };
+const char* MemberChangeName(MemberChangeKind kind);
+
+struct MemberChange {
+  MemberChangeKind kind = MemberChangeKind::kJoin;
+  int block = 0;
+  std::string address;
+};
+
+// A topology change the engine applied: the step it took effect before,
+// the new generation and what changed.
+struct TopologyEvent {
+  int64_t step = 0;
+  int64_t generation = 0;
+  std::vector<MemberChange> changes;
+  std::vector<int> replicas;  // per block, after the change
+};
+
+class Membership {
+ public:
+  // `config_sha256`: the run's config fingerprint (ConfigFingerprint);
+  // a worker that names another is refused.
+  Membership(int num_blocks, int microbatches, std::string config_sha256);
+
+  // Called with the reason of every refused request ("block", "address",
+  // "duplicate", "config", "replicas", "token", "unknown", "last").
+  void set_on_refused(std::function<void(const std::string&)> f) {
+    on_refused_ = std::move(f);
+  }
+
+  // The run and topology in force (the engine, whenever it changes).
+  void SetTopology(const std::string& run_id, const Topology& t,
+                   int64_t generation);
+
+  struct Accepted {
+    std::string run_id;
+    int64_t generation = 0;  // the one the worker will be configured under
+  };
+  absl::StatusOr<Accepted> Register(int block, const std::string& address,
+                                    const std::string& config_sha256);
+  // Blocks until `address` is out of the topology (answers that
+  // generation), the run ends (ABORTED) or `deadline` passes.
+  absl::StatusOr<int64_t> Leave(const std::string& address,
+                                absl::Time deadline);
+  // Counts a refusal made before the request reached this class (a missing
+  // or wrong token).
+  void Refused(const std::string& reason);
+
+  // Whether joins or leaves wait for the next step boundary.
+  bool Pending() const;
+  // The waiting changes, taken; the engine applies them and then calls
+  // SetTopology.
+  std::vector<MemberChange> TakePending();
+  // The run is over: leavers still waiting are answered ABORTED.
+  void Close();
+
+ private:
+  // Whether `address` is in the topology or waits to join.
+  bool KnownLocked(const std::string& address) const;
+  absl::Status RefuseLocked(const std::string& reason, absl::Status s);
+
+  const int num_blocks_;
+  const int microbatches_;
+  const std::string config_sha256_;
+  std::function<void(const std::string&)> on_refused_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string run_id_;
+  Topology topology_;
+  int64_t generation_ = 0;
+  std::vector<MemberChange> pending_;
+  bool closed_ = false;
+};
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_COORDINATOR_MEMBERSHIP_H_
