@@ -271,7 +271,7 @@ class ClusterEngine : public Engine {
     return Reconfigure(next, step, states, std::move(applied));
   }
 
-  absl::StatusOr<int64_t> RecoverFromReplicas() override {
+  absl::StatusOr<int64_t> RecoverFromReplicas(int64_t accounted) override {
     if (!elastic_) return absl::UnimplementedError("no replicas");
     CloseStream();
     std::set<std::string> dead;
@@ -283,7 +283,8 @@ class ClusterEngine : public Engine {
       events_.clear();
       evals_.clear();
       step_reports_.clear();
-      from = *std::min_element(steps_done_.begin(), steps_done_.end());
+      from = std::min(
+          accounted, *std::min_element(steps_done_.begin(), steps_done_.end()));
     }
     // A worker that cannot be reached within a second is gone too.
     for (const auto& block : peers_) {

@@ -83,7 +83,11 @@ class Engine {
   // continues without them from the last step boundary every block passed,
   // from the survivors' snapshots (no checkpoint), and returns that step.
   // UNIMPLEMENTED or FAILED_PRECONDITION when it cannot (then Recover).
-  virtual absl::StatusOr<int64_t> RecoverFromReplicas() {
+  // `accounted`: the driver has taken in every event of steps before it
+  // (events still queued in the engine are dropped), so the run continues
+  // no later than there.
+  virtual absl::StatusOr<int64_t> RecoverFromReplicas(int64_t accounted) {
+    (void)accounted;
     return absl::UnimplementedError("no replicas to fail over to");
   }
   // The topology changes so far (empty: it never changed).

@@ -177,8 +177,14 @@ class Runner {
       // Joins and leaves (DESIGN §2.4) take effect at a step boundary, with
       // the chain idle.
       if (s + 1 < total_ && engine_.MembershipPending()) {
+        const auto t0 = absl::Now();
         RETURN_IF_ERROR(DrainThrough(s));
+        const auto drained = absl::Now();
         RETURN_IF_ERROR(engine_.ApplyMembership(s + 1));
+        *o_.output.log << "interlock: topology changed before step " << s + 1
+                       << " (drain " << absl::FormatDuration(drained - t0)
+                       << ", change "
+                       << absl::FormatDuration(absl::Now() - drained) << ")\n";
       }
     }
     // No more submissions: the replay may now run past the last step.
