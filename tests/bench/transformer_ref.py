@@ -38,6 +38,16 @@ class Model(nn.Module):
         self.fc = nn.Linear(d, 256)
         mask = torch.full((args.context, args.context), float('-inf'))
         self.register_buffer('mask', mask.triu(1))
+        if args.init == 'normal':
+            # Our NORMAL scheme: every weight and embedding N(0, 0.02), zero
+            # biases, LayerNorms untouched.
+            for name, p in self.named_parameters():
+                if 'norm' in name or name.startswith('ln.'):
+                    continue
+                if p.dim() > 1:
+                    nn.init.normal_(p, 0.0, 0.02)
+                else:
+                    nn.init.zeros_(p)
 
     @staticmethod
     def _clone(layer):
@@ -63,6 +73,7 @@ def main():
     p.add_argument('--heads', type=int, default=4)
     p.add_argument('--d-ff', type=int, default=512)
     p.add_argument('--activation', default='relu', choices=['relu', 'gelu'])
+    p.add_argument('--init', default='pytorch', choices=['pytorch', 'normal'])
     p.add_argument('--context', type=int, default=64)
     p.add_argument('--batch', type=int, default=32)
     p.add_argument('--steps', type=int, default=600)
