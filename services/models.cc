@@ -19,7 +19,6 @@ namespace {
 namespace nn = torch::nn;
 using interlock::v1::ModelSpec;
 using models_internal::DecoderLayer;
-using models_internal::GptLinear;
 using models_internal::ResNetUnits;
 using models_internal::Shape;
 using models_internal::TransformerUnits;
@@ -130,9 +129,9 @@ absl::StatusOr<nn::Sequential> BuildHead(const ModelSpec& spec, Shape s,
       if (s.kind != Shape::kSequence || !spec.has_transformer()) {
         return bad("is only valid for the transformer");
       }
-      const auto& t = spec.transformer();
-      head->push_back(DecoderLayer(t.d_model(), t.heads(),
-                                   t.d_ff() > 0 ? t.d_ff() : 4 * t.d_model()));
+      ASSIGN_OR_RETURN(const auto o,
+                       models_internal::ResolveTransformer(spec.transformer()));
+      head->push_back(DecoderLayer(o));
     } else if (absl::ConsumePrefix(&tok, "fc")) {
       if (image) {
         head->push_back(nn::Flatten());
@@ -144,7 +143,10 @@ absl::StatusOr<nn::Sequential> BuildHead(const ModelSpec& spec, Shape s,
       }
       const int64_t out = hidden ? width : data.classes;
       if (spec.has_transformer()) {
-        head->push_back(GptLinear(s.c, out));
+        ASSIGN_OR_RETURN(const auto o, models_internal::ResolveTransformer(
+                                           spec.transformer()));
+        head->push_back(models_internal::TransformerLinear(
+            s.c, out, o, models_internal::LinearRole::kOutput));
       } else {
         head->push_back(nn::Linear(s.c, out));
       }

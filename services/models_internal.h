@@ -38,14 +38,37 @@ absl::StatusOr<std::vector<Unit>> ResNetUnits(
 absl::StatusOr<std::vector<Unit>> TransformerUnits(
     const interlock::v1::TransformerSpec& t, const DataShape& data);
 
-// Linear layer initialised as in GPT-2: weights N(0, 0.02), zero bias.
-nn::Linear GptLinear(int64_t in, int64_t out);
+// The transformer's choices with the spec's defaults resolved.
+struct TransformerOptions {
+  int64_t d = 0, heads = 0, d_ff = 0, layers = 0;
+  bool gelu = true;
+  interlock::v1::TransformerSpec::Init init =
+      interlock::v1::TransformerSpec::PYTORCH_DEFAULT;
+};
+
+// Resolves the defaults; refuses unknown activation or init values.
+absl::StatusOr<TransformerOptions> ResolveTransformer(
+    const interlock::v1::TransformerSpec& t);
+
+// Where a linear layer sits: the initialisation schemes treat them apart.
+enum class LinearRole {
+  kAttentionIn,     // query, key and value projection
+  kAttentionOut,    // attention output, into the residual stream
+  kFeedForwardIn,   // first feed-forward layer
+  kFeedForwardOut,  // second feed-forward layer, into the residual stream
+  kOutput,          // LM head and the auxiliary heads' linear layers
+};
+
+// A linear layer of the transformer initialised per o.init.
+nn::Linear TransformerLinear(int64_t in, int64_t out,
+                             const TransformerOptions& o, LinearRole role);
 
 // Pre-LayerNorm decoder layer with causal multi-head self-attention.
 struct DecoderLayerImpl : nn::Module {
-  DecoderLayerImpl(int64_t d, int64_t heads, int64_t d_ff);
+  explicit DecoderLayerImpl(const TransformerOptions& o);
   torch::Tensor forward(const torch::Tensor& x);
   int64_t heads_;
+  bool gelu_;
   nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
 };

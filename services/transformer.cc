@@ -6,18 +6,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/models_internal.h"
+#include "services/status_macros.h"
 
 namespace interlock {
 namespace models_internal {
 namespace {
 
+using interlock::v1::TransformerSpec;
+
 // Token and position embeddings: [B, T] int64 -> [B, T, D].
 struct EmbeddingImpl : nn::Module {
-  EmbeddingImpl(int64_t vocab, int64_t context, int64_t d) {
-    tokens = register_module("tokens", nn::Embedding(vocab, d));
-    positions = register_module("positions", nn::Embedding(context, d));
-    nn::init::normal_(tokens->weight, 0.0, 0.02);
-    nn::init::normal_(positions->weight, 0.0, 0.02);
+  EmbeddingImpl(int64_t vocab, int64_t context, const TransformerOptions& o) {
+    // nn::Embedding starts N(0, 1), PyTorch's default.
+    tokens = register_module("tokens", nn::Embedding(vocab, o.d));
+    positions = register_module("positions", nn::Embedding(context, o.d));
+    if (o.init != TransformerSpec::PYTORCH_DEFAULT) {
+      nn::init::normal_(tokens->weight, 0.0, 0.02);
+      nn::init::normal_(positions->weight, 0.0, 0.02);
+    }
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto pos = torch::arange(x.size(1), torch::dtype(torch::kInt64));
@@ -29,21 +35,89 @@ TORCH_MODULE(Embedding);
 
 }  // namespace
 
-nn::Linear GptLinear(int64_t in, int64_t out) {
+absl::StatusOr<TransformerOptions> ResolveTransformer(
+    const TransformerSpec& t) {
+  TransformerOptions o;
+  o.d = t.d_model();
+  o.heads = t.heads();
+  o.d_ff = t.d_ff() > 0 ? t.d_ff() : 4 * t.d_model();
+  o.layers = t.layers();
+  switch (t.activation()) {
+    case TransformerSpec::ACTIVATION_UNSPECIFIED:
+    case TransformerSpec::GELU:
+      o.gelu = true;
+      break;
+    case TransformerSpec::RELU:
+      o.gelu = false;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.transformer.activation: unknown value ",
+                       t.activation(), "; expected GELU or RELU"));
+  }
+  switch (t.init()) {
+    case TransformerSpec::INIT_UNSPECIFIED:
+    case TransformerSpec::PYTORCH_DEFAULT:
+      o.init = TransformerSpec::PYTORCH_DEFAULT;
+      break;
+    case TransformerSpec::GPT2:
+    case TransformerSpec::NORMAL:
+      o.init = t.init();
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.transformer.init: unknown value ", t.init(),
+                       "; expected PYTORCH_DEFAULT, GPT2 or NORMAL"));
+  }
+  return o;
+}
+
+nn::Linear TransformerLinear(int64_t in, int64_t out,
+                             const TransformerOptions& o, LinearRole role) {
+  // nn::Linear starts as PyTorch's: U(+-1/sqrt(in)) for weight and bias. The
+  // schemes overwrite that after construction, so one scheme's draws never
+  // depend on another's.
   nn::Linear l(in, out);
-  nn::init::normal_(l->weight, 0.0, 0.02);
-  nn::init::zeros_(l->bias);
+  const bool residual =
+      role == LinearRole::kAttentionOut || role == LinearRole::kFeedForwardOut;
+  switch (o.init) {
+    case TransformerSpec::PYTORCH_DEFAULT:
+      // nn.MultiheadAttention: Xavier-uniform input projection, zero biases.
+      if (role == LinearRole::kAttentionIn) {
+        nn::init::xavier_uniform_(l->weight);
+      }
+      if (role == LinearRole::kAttentionIn ||
+          role == LinearRole::kAttentionOut) {
+        nn::init::zeros_(l->bias);
+      }
+      break;
+    case TransformerSpec::GPT2:
+      // Each layer adds two residual projections: keep the stream's variance
+      // growth independent of depth.
+      nn::init::normal_(l->weight, 0.0,
+                        residual ? 0.02 / std::sqrt(2.0 * o.layers) : 0.02);
+      nn::init::zeros_(l->bias);
+      break;
+    default:
+      nn::init::normal_(l->weight, 0.0, 0.02);
+      nn::init::zeros_(l->bias);
+  }
   return l;
 }
 
-DecoderLayerImpl::DecoderLayerImpl(int64_t d, int64_t heads, int64_t d_ff)
-    : heads_(heads) {
+DecoderLayerImpl::DecoderLayerImpl(const TransformerOptions& o)
+    : heads_(o.heads), gelu_(o.gelu) {
+  const int64_t d = o.d;
   ln1 = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d})));
-  qkv = register_module("qkv", GptLinear(d, 3 * d));
-  proj = register_module("proj", GptLinear(d, d));
+  qkv = register_module(
+      "qkv", TransformerLinear(d, 3 * d, o, LinearRole::kAttentionIn));
+  proj = register_module("proj",
+                         TransformerLinear(d, d, o, LinearRole::kAttentionOut));
   ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({d})));
-  fc1 = register_module("fc1", GptLinear(d, d_ff));
-  fc2 = register_module("fc2", GptLinear(d_ff, d));
+  fc1 = register_module(
+      "fc1", TransformerLinear(d, o.d_ff, o, LinearRole::kFeedForwardIn));
+  fc2 = register_module(
+      "fc2", TransformerLinear(o.d_ff, d, o, LinearRole::kFeedForwardOut));
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x) {
@@ -59,16 +133,18 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x) {
   att = torch::softmax(att, -1);
   auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
   auto h = x + proj(y);
-  return h + fc2(torch::gelu(fc1(ln2(h))));
+  auto f = fc1(ln2(h));
+  return h + fc2(gelu_ ? torch::gelu(f) : torch::relu(f));
 }
 
 namespace {
 
 // Final LayerNorm and the language-model head.
 struct LmHeadImpl : nn::Module {
-  LmHeadImpl(int64_t d, int64_t vocab) {
-    ln = register_module("ln", nn::LayerNorm(nn::LayerNormOptions({d})));
-    fc = register_module("fc", GptLinear(d, vocab));
+  LmHeadImpl(int64_t vocab, const TransformerOptions& o) {
+    ln = register_module("ln", nn::LayerNorm(nn::LayerNormOptions({o.d})));
+    fc = register_module("fc",
+                         TransformerLinear(o.d, vocab, o, LinearRole::kOutput));
   }
   torch::Tensor forward(const torch::Tensor& x) { return fc(ln(x)); }
   nn::LayerNorm ln{nullptr};
@@ -95,15 +171,14 @@ absl::StatusOr<std::vector<Unit>> TransformerUnits(
         absl::StrCat("model.transformer.heads: ", t.heads(),
                      " does not divide d_model ", t.d_model()));
   }
-  const int64_t d = t.d_model();
-  const int64_t d_ff = t.d_ff() > 0 ? t.d_ff() : 4 * d;
+  ASSIGN_OR_RETURN(const TransformerOptions o, ResolveTransformer(t));
   std::vector<Unit> units;
-  Shape s{Shape::kSequence, d, t.context(), 1};
-  units.push_back({nn::AnyModule(Embedding(data.classes, t.context(), d)), s});
+  Shape s{Shape::kSequence, o.d, t.context(), 1};
+  units.push_back({nn::AnyModule(Embedding(data.classes, t.context(), o)), s});
   for (int i = 0; i < t.layers(); ++i) {
-    units.push_back({nn::AnyModule(DecoderLayer(d, t.heads(), d_ff)), s});
+    units.push_back({nn::AnyModule(DecoderLayer(o)), s});
   }
-  units.push_back({nn::AnyModule(LmHead(d, data.classes)),
+  units.push_back({nn::AnyModule(LmHead(data.classes, o)),
                    Shape{Shape::kSequence, data.classes, t.context(), 1}});
   return units;
 }
