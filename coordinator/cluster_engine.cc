@@ -692,7 +692,8 @@ class ClusterEngine : public Engine {
     std::lock_guard<std::mutex> l(mu_);
     if (epoch != stream_epoch_) return;
     --streams_live_;
-    if (!closing_ && !s.ok()) dead_.insert(workers_[0][r]);
+    // Not a sign the worker died: it ends this stream itself when its
+    // block fails (a peer replica gone); its control stream tells.
     // A block that stopped the chain says who failed on the status.
     if (auto f = ReportedFailure(FromGrpcStatus(s))) {
       FailLocked(*f);
