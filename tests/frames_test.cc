@@ -64,7 +64,8 @@ std::string Flat(const grpc::ByteBuffer& b) {
 
 bool Bitwise(const torch::Tensor& a, const torch::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+         (a.nbytes() == 0 ||  // data_ptr() may be null then
+          std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0);
 }
 
 // A slice over `bytes` without copying, counting its releases.
