@@ -349,8 +349,10 @@ class FrameParser {
 
   absl::Status Key(size_t end, uint32_t* field, int* wire_type) {
     uint64_t key = 0;
-    RETURN_IF_ERROR(Varint(end, &key));
-    if (key > 0xffffffffu || (key >> 3) == 0) {
+    std::string raw;
+    RETURN_IF_ERROR(Varint(end, &key, &raw));
+    // Protobuf reads a key in at most 5 bytes, overlong or not.
+    if (raw.size() > 5 || key > 0xffffffffu || (key >> 3) == 0) {
       return Error(absl::StrCat("invalid field key ", key));
     }
     *field = static_cast<uint32_t>(key >> 3);
