@@ -176,7 +176,7 @@ class ClusterEngine : public Engine {
     streams_.clear();
     for (int r = 0; r < replicas_[0]; ++r) {
       StreamClient::Handlers h;
-      h.on_message = [this, epoch](v1::UpMessage m) {
+      h.on_message = [this, epoch](UpFrame m) {
         if (epoch == stream_epoch_) OnUp(std::move(m));
       };
       h.on_done = [this, epoch, r](const grpc::Status& s) {
@@ -393,11 +393,10 @@ class ClusterEngine : public Engine {
       msg.routes = routes_;
       replica = routes_[msg.mb * num_blocks()];
     }
-    v1::DownMessage down;
-    SetHeader(&down, replica);
-    codec_.EncodeForward(msg, config_.training().microbatches(),
-                         down.mutable_forward());
-    streams_[replica]->Send(std::move(down));
+    DownFrame down;
+    SetHeader(&down.proto, replica);
+    codec_.EncodeForward(msg, config_.training().microbatches(), &down);
+    streams_[replica]->Send(down);
     return absl::OkStatus();
   }
 
@@ -423,12 +422,12 @@ class ClusterEngine : public Engine {
   absl::StatusOr<std::vector<HeadEval>> Evaluate(
       const torch::Tensor& input, const torch::Tensor& target) override {
     const int64_t id = next_eval_++;
-    v1::DownMessage down;
-    SetHeader(&down);
-    codec_.EncodeEval({id, input, target, false}, down.mutable_eval());
+    DownFrame down;
+    SetHeader(&down.proto);
+    codec_.EncodeEval({id, input, target, false}, &down);
     // Replicas hold the same parameters between steps: the first of each
     // block evaluates.
-    streams_[0]->Send(std::move(down));
+    streams_[0]->Send(down);
     std::unique_lock<std::mutex> l(mu_);
     const size_t k = peers_.size();
     if (!cv_.wait_for(l, absl::ToChronoSeconds(options_.stall_timeout),
@@ -581,12 +580,12 @@ class ClusterEngine : public Engine {
     cv_.notify_all();
   }
 
-  void OnUp(v1::UpMessage m) {
-    if (m.kind_case() != v1::UpMessage::kUpward) {
+  void OnUp(const UpFrame& m) {
+    if (m.proto.kind_case() != v1::UpMessage::kUpward) {
       Fail(absl::InternalError("worker 0: empty upward message"));
       return;
     }
-    auto up = codec_.DecodeUpward(m.upward());
+    auto up = codec_.DecodeUpward(m);
     if (!up.ok()) {
       Fail(up.status());
       return;

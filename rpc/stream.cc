@@ -2,13 +2,17 @@
 
 #include <iterator>
 
+#include "rpc/frames.h"
+#include "rpc/status.h"
+
 namespace interlock {
 
-std::shared_ptr<StreamClient> StreamClient::Open(
-    interlock::v1::Worker::Stub* stub, Handlers handlers) {
+std::shared_ptr<StreamClient> StreamClient::Open(grpc::GenericStub* stub,
+                                                 Handlers handlers) {
   std::shared_ptr<StreamClient> s(new StreamClient(std::move(handlers)));
   s->self_ = s;
-  stub->async()->Stream(&s->ctx_, s.get());
+  stub->PrepareBidiStreamingCall(&s->ctx_, kStreamMethod, grpc::StubOptions(),
+                                 s.get());
   // Writes start from outside the reactions (Send, CloseWrites). Without a
   // hold the call may complete, and gRPC destroy its half of the stream,
   // between a failed read and OnDone; a write started then calls into the
@@ -20,12 +24,13 @@ std::shared_ptr<StreamClient> StreamClient::Open(
   return s;
 }
 
-void StreamClient::Send(interlock::v1::DownMessage msg) {
+void StreamClient::Send(const DownFrame& msg) {
+  grpc::ByteBuffer buffer = ToByteBuffer(msg);
   bool release = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (close_requested_ || !holding_) return;
-    queue_.push_back(std::move(msg));
+    queue_.push_back(std::move(buffer));
     release = MaybeWriteLocked();
   }
   if (release) RemoveHold();
@@ -89,19 +94,35 @@ void StreamClient::OnReadDone(bool ok) {
     if (release) RemoveHold();
     return;
   }
-  if (handlers_.on_message) handlers_.on_message(std::move(incoming_));
+  absl::StatusOr<UpFrame> frame = UpFrameOf(incoming_);
   incoming_.Clear();
+  if (!frame.ok()) {
+    // As a message gRPC could not parse: the call ends, with the reason,
+    // and nothing more is written.
+    bool release = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      refused_ = ToGrpcStatus(frame.status());
+      release = ReleaseHoldLocked();
+    }
+    ctx_.TryCancel();
+    if (release) RemoveHold();
+    return;
+  }
+  if (handlers_.on_message) handlers_.on_message(*std::move(frame));
   StartRead(&incoming_);
 }
 
 void StreamClient::OnDone(const grpc::Status& s) {
   std::shared_ptr<StreamClient> keep;
+  grpc::Status status = s;
   {
     std::lock_guard<std::mutex> l(mu_);
     queue_.clear();
     keep = std::move(self_);
+    if (!refused_.ok()) status = refused_;
   }
-  if (handlers_.on_done) handlers_.on_done(s);
+  if (handlers_.on_done) handlers_.on_done(status);
 }
 
 std::shared_ptr<ControlClient> ControlClient::Open(

@@ -1,10 +1,12 @@
 // Client sides of a worker's streams: the Stream link (coordinator -> block
 // 0, block k -> block k+1), a callback-API reactor with a write queue, so
-// callers never block and only one write is in flight at a time; and the
-// Control stream (worker -> coordinator).
+// callers never block and only one write is in flight at a time, that
+// sends and reads frames (rpc/frames.h: tensor values are not copied); and
+// the Control stream (worker -> coordinator).
 #ifndef INTERLOCK_RPC_STREAM_H_
 #define INTERLOCK_RPC_STREAM_H_
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
@@ -13,26 +15,29 @@
 #include <mutex>
 
 #include "proto/worker.grpc.pb.h"
+#include "services/wire_frame.h"
 
 namespace interlock {
 
-class StreamClient : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
-                                                    interlock::v1::UpMessage> {
+class StreamClient
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   struct Handlers {
     // Called on a gRPC thread for every message read; must not block.
-    std::function<void(interlock::v1::UpMessage)> on_message;
-    // Called once when the stream has ended (after CloseWrites, an error, or
-    // the peer going away).
+    std::function<void(UpFrame)> on_message;
+    // Called once when the stream has ended (after CloseWrites, an error,
+    // the peer going away, or a message read that is not an UpMessage:
+    // then with INVALID_ARGUMENT saying why).
     std::function<void(const grpc::Status&)> on_done;
   };
 
-  // Opens the stream. The returned object stays alive until on_done ran and
-  // the caller dropped its reference.
-  static std::shared_ptr<StreamClient> Open(interlock::v1::Worker::Stub* stub,
+  // Opens the stream (Worker.Stream on `stub`'s channel). The returned
+  // object stays alive until on_done ran and the caller dropped its
+  // reference.
+  static std::shared_ptr<StreamClient> Open(grpc::GenericStub* stub,
                                             Handlers handlers);
 
-  void Send(interlock::v1::DownMessage msg);
+  void Send(const DownFrame& msg);
   // Half-closes: the peer sees the end of its reads and finishes.
   void CloseWrites();
   void Cancel() { ctx_.TryCancel(); }
@@ -50,9 +55,10 @@ class StreamClient : public grpc::ClientBidiReactor<interlock::v1::DownMessage,
 
   Handlers handlers_;
   grpc::ClientContext ctx_;
-  interlock::v1::UpMessage incoming_;
+  grpc::ByteBuffer incoming_;
   std::mutex mu_;
-  std::deque<interlock::v1::DownMessage> queue_;
+  std::deque<grpc::ByteBuffer> queue_;
+  grpc::Status refused_;  // a message read did not parse; guarded by mu_
   bool writing_ = false;
   bool close_requested_ = false;
   bool holding_ = true;                 // writes may still start (see Open)

@@ -14,7 +14,8 @@ WorkerClient::WorkerClient(const std::string& name, std::string address,
     : address_(std::move(address)),
       label_(absl::StrCat(name, " (", address_, ")")),
       channel_(MakeChannel(address_, max_message_bytes, security)),
-      stub_(v1::Worker::NewStub(channel_)) {}
+      stub_(v1::Worker::NewStub(channel_)),
+      generic_stub_(std::make_shared<grpc::GenericStub>(channel_)) {}
 
 bool WorkerClient::WaitForConnected(absl::Time deadline) {
   return channel_->WaitForConnected(absl::ToChronoTime(deadline));
@@ -103,7 +104,7 @@ absl::Status WorkerClient::LoadState(const BlockStateArchive& header,
 
 std::function<void(const grpc::Status&)> WorkerClient::Holding(
     std::function<void(const grpc::Status&)> on_done) const {
-  return [channel = channel_, stub = stub_,
+  return [channel = channel_, stub = stub_, generic_stub = generic_stub_,
           on_done = std::move(on_done)](const grpc::Status& s) {
     if (on_done) on_done(s);
   };
@@ -112,7 +113,7 @@ std::function<void(const grpc::Status&)> WorkerClient::Holding(
 std::shared_ptr<StreamClient> WorkerClient::OpenStream(
     StreamClient::Handlers handlers) {
   handlers.on_done = Holding(std::move(handlers.on_done));
-  return StreamClient::Open(stub_.get(), std::move(handlers));
+  return StreamClient::Open(generic_stub_.get(), std::move(handlers));
 }
 
 std::shared_ptr<ControlClient> WorkerClient::OpenControl(

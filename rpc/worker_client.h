@@ -70,6 +70,8 @@ class WorkerClient {
   const std::string label_;
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<interlock::v1::Worker::Stub> stub_;
+  // The Stream method sends and reads frames as raw byte buffers.
+  std::shared_ptr<grpc::GenericStub> generic_stub_;
 };
 
 }  // namespace interlock

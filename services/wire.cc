@@ -1,7 +1,9 @@
 #include "services/wire.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -57,15 +59,101 @@ std::string ShapeString(c10::IntArrayRef s) {
 
 }  // namespace
 
-void EncodeTensor(const torch::Tensor& t_in, WireTensor* out) {
+Payload::Payload(std::vector<absl::string_view> pieces,
+                 std::shared_ptr<const void> owner)
+    : pieces_(std::move(pieces)), owner_(std::move(owner)) {
+  for (absl::string_view p : pieces_) size_ += p.size();
+}
+
+Payload Payload::OfTensor(const torch::Tensor& t) {
+  auto owner = std::make_shared<const torch::Tensor>(t);
+  const absl::string_view bytes(static_cast<const char*>(t.data_ptr()),
+                                t.numel() * t.element_size());
+  if (bytes.empty()) return Payload();
+  return Payload({bytes}, std::move(owner));
+}
+
+Payload Payload::OfString(std::string s) {
+  if (s.empty()) return Payload();
+  auto owner = std::make_shared<const std::string>(std::move(s));
+  return Payload({absl::string_view(*owner)}, owner);
+}
+
+Payload Payload::Borrowed(absl::string_view s) {
+  if (s.empty()) return Payload();
+  return Payload({s}, nullptr);
+}
+
+void Payload::CopyTo(char* out) const {
+  for (absl::string_view p : pieces_) {
+    if (p.empty()) continue;
+    std::memcpy(out, p.data(), p.size());
+    out += p.size();
+  }
+}
+
+std::string Payload::ToString() const {
+  std::string s(size_, '\0');
+  CopyTo(s.data());
+  return s;
+}
+
+absl::string_view Payload::Flat(std::string* storage) const {
+  if (pieces_.size() == 1) return pieces_[0];
+  *storage = ToString();
+  return *storage;
+}
+
+torch::Tensor TensorFromPayload(const Payload& bytes,
+                                const std::vector<int64_t>& shape,
+                                torch::ScalarType type) {
+  if (bytes.pieces().size() == 1 && bytes.owner() != nullptr &&
+      reinterpret_cast<uintptr_t>(bytes.pieces()[0].data()) %
+              c10::elementSize(type) ==
+          0) {
+    // The tensor only reads the bytes; const_cast because from_blob takes
+    // writable memory. The deleter holds the owner as long as the storage.
+    return torch::from_blob(
+        const_cast<char*>(bytes.pieces()[0].data()), shape,
+        [owner = bytes.owner()](void*) {}, torch::dtype(type));
+  }
+  torch::Tensor t = torch::empty(shape, torch::dtype(type));
+  bytes.CopyTo(static_cast<char*>(t.data_ptr()));
+  return t;
+}
+
+void EncodeTensor(const torch::Tensor& t_in, WireTensor* meta,
+                  TensorBytes* bytes) {
   // x86-64 and aarch64 are little-endian, the wire order.
   const torch::Tensor t = t_in.detach().cpu().contiguous();
-  out->Clear();
-  out->set_dtype(ToWire(t.scalar_type()));
-  for (int64_t d : t.sizes()) out->add_shape(d);
-  // One copy: set_data(ptr, n) would build a temporary string first.
-  out->mutable_data()->assign(static_cast<const char*>(t.data_ptr()),
-                              t.numel() * t.element_size());
+  meta->Clear();
+  meta->set_dtype(ToWire(t.scalar_type()));
+  for (int64_t d : t.sizes()) meta->add_shape(d);
+  bytes->data = Payload::OfTensor(t);
+  bytes->scales = Payload();
+}
+
+void EncodeTensor(const torch::Tensor& t, WireTensor* out) {
+  TensorBytes bytes;
+  EncodeTensor(t, out, &bytes);
+  AttachBytes(bytes, out);
+}
+
+TensorBytes BorrowBytes(const WireTensor& t) {
+  return {Payload::Borrowed(t.data()), Payload::Borrowed(t.scales())};
+}
+
+void AttachBytes(const TensorBytes& bytes, WireTensor* meta) {
+  // One copy each, without zero-filling first.
+  auto assign = [](const Payload& p, std::string* out) {
+    out->clear();
+    out->reserve(p.size());
+    for (absl::string_view piece : p.pieces()) {
+      out->append(piece.data(), piece.size());
+    }
+  };
+  assign(bytes.data, meta->mutable_data());
+  assign(bytes.scales, meta->mutable_scales());
 }
 
 std::string EncodingText(WireTensor::Encoding e) {
@@ -103,6 +191,13 @@ absl::Status CheckWireShape(const WireTensor& w, const std::string& what,
 absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
                                            const std::string& what,
                                            const TensorLimits& limits) {
+  return DecodeTensor(w, BorrowBytes(w), what, limits);
+}
+
+absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
+                                           const TensorBytes& values,
+                                           const std::string& what,
+                                           const TensorLimits& limits) {
   torch::ScalarType type;
   if (!ToScalarType(w.dtype(), &type)) {
     return absl::InvalidArgumentError(
@@ -112,7 +207,7 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": encoding ", EncodingText(w.encoding()), ", expected RAW"));
   }
-  if (w.block_size() != 0 || !w.scales().empty()) {
+  if (w.block_size() != 0 || values.scales.size() != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": a RAW tensor with a block size or scales"));
   }
@@ -121,14 +216,12 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
   RETURN_IF_ERROR(CheckWireShape(w, what, limits, &shape, &elements));
   const int64_t item = static_cast<int64_t>(c10::elementSize(type));
   const int64_t bytes = elements * item;
-  if (static_cast<int64_t>(w.data().size()) != bytes) {
+  if (static_cast<int64_t>(values.data.size()) != bytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", w.data().size(), " data bytes, expected ",
+        absl::StrCat(what, ": ", values.data.size(), " data bytes, expected ",
                      bytes, " (", elements, " elements of ", item, " bytes)"));
   }
-  torch::Tensor t = torch::empty(shape, torch::dtype(type));
-  if (bytes > 0) std::memcpy(t.data_ptr(), w.data().data(), bytes);
-  return t;
+  return TensorFromPayload(values.data, shape, type);
 }
 
 absl::Status ExpectTensor(const torch::Tensor& t, torch::ScalarType dtype,

@@ -6,10 +6,12 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/worker.pb.h"
 #include "services/data.h"
 
@@ -20,17 +22,75 @@ struct TensorLimits {
   int64_t max_elements = int64_t{1} << 31;
 };
 
-// Copies a tensor (on any device) into a wire message: contiguous,
-// little-endian, from a CPU copy.
+// Bytes that stay where they are (tensor memory, an encoded buffer, the
+// buffers a message was received into), in one or more pieces, kept alive
+// by `owner`. Without an owner they are borrowed: valid only while the
+// caller keeps them, so nothing may keep a reference to them.
+class Payload {
+ public:
+  Payload() = default;
+  Payload(std::vector<absl::string_view> pieces,
+          std::shared_ptr<const void> owner);
+  // The bytes of `t` (contiguous, on the CPU), owned by the tensor.
+  static Payload OfTensor(const torch::Tensor& t);
+  static Payload OfString(std::string s);
+  static Payload Borrowed(absl::string_view s);
+
+  size_t size() const { return size_; }
+  const std::vector<absl::string_view>& pieces() const { return pieces_; }
+  const std::shared_ptr<const void>& owner() const { return owner_; }
+  // Copies all size() bytes to `out`.
+  void CopyTo(char* out) const;
+  std::string ToString() const;
+  // The bytes in one piece: the piece itself when there is one, else
+  // gathered into `*storage`.
+  absl::string_view Flat(std::string* storage) const;
+
+ private:
+  std::vector<absl::string_view> pieces_;
+  std::shared_ptr<const void> owner_;
+  size_t size_ = 0;
+};
+
+// The value bytes of one wire tensor: what Tensor.data and Tensor.scales
+// hold in a plain protobuf message (services/wire_frame.h).
+struct TensorBytes {
+  Payload data;
+  Payload scales;
+};
+
+// A tensor of `shape` and `type` holding `bytes` (elements x item size of
+// them): the payload's own memory when it is one owned piece aligned for
+// `type` (no copy; the tensor keeps the owner), else one copy.
+torch::Tensor TensorFromPayload(const Payload& bytes,
+                                const std::vector<int64_t>& shape,
+                                torch::ScalarType type);
+
+// A tensor (on any device) as a RAW wire tensor: its description in `meta`,
+// its values (contiguous, little-endian, from a CPU copy when it is not on
+// the CPU) in `bytes`, referencing the tensor's memory.
+void EncodeTensor(const torch::Tensor& t, interlock::v1::Tensor* meta,
+                  TensorBytes* bytes);
+// The same into a plain protobuf Tensor (one copy into `data`).
 void EncodeTensor(const torch::Tensor& t, interlock::v1::Tensor* out);
 
 // Decodes a RAW tensor with every check: known dtype, RAW encoding without
 // codec fields, rank and element caps, non-negative dimensions,
-// element-count overflow, byte length = elements x item size. Errors are
+// element-count overflow, byte length = elements x item size. The values
+// come from `bytes` (meta's data and scales are not read). Errors are
 // INVALID_ARGUMENT naming `what`.
+absl::StatusOr<torch::Tensor> DecodeTensor(const interlock::v1::Tensor& meta,
+                                           const TensorBytes& bytes,
+                                           const std::string& what,
+                                           const TensorLimits& limits = {});
+// The same from a plain protobuf Tensor.
 absl::StatusOr<torch::Tensor> DecodeTensor(const interlock::v1::Tensor& t,
                                            const std::string& what,
                                            const TensorLimits& limits = {});
+// A plain protobuf Tensor's data and scales, borrowed.
+TensorBytes BorrowBytes(const interlock::v1::Tensor& t);
+// `meta` with `bytes` copied into its data and scales.
+void AttachBytes(const TensorBytes& bytes, interlock::v1::Tensor* meta);
 
 // An encoding's name, or its number for an unknown one.
 std::string EncodingText(interlock::v1::Tensor::Encoding e);

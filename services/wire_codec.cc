@@ -40,16 +40,23 @@ void SetEncodedHeader(const torch::Tensor& t, v1::Tensor::Encoding encoding,
   out->set_encoding(encoding);
 }
 
+// A slot's bytes, none when the frame has no such slot.
+const TensorBytes& SlotBytes(const std::vector<TensorBytes>& t, size_t i) {
+  static const auto* none = new TensorBytes;
+  return i < t.size() ? t[i] : *none;
+}
+
 class Fp32TensorCodec final : public TensorCodec {
  public:
   absl::string_view name() const override { return "fp32"; }
-  void Encode(const torch::Tensor& t, v1::Tensor* out) const override {
-    EncodeTensor(t, out);
+  void EncodeFramed(const torch::Tensor& t, v1::Tensor* meta,
+                    TensorBytes* bytes) const override {
+    EncodeTensor(t, meta, bytes);
   }
-  absl::StatusOr<torch::Tensor> Decode(
-      const v1::Tensor& t, const std::string& what,
+  absl::StatusOr<torch::Tensor> DecodeFramed(
+      const v1::Tensor& meta, const TensorBytes& bytes, const std::string& what,
       const TensorLimits& limits) const override {
-    return DecodeTensor(t, what, limits);
+    return DecodeTensor(meta, bytes, what, limits);
   }
   // Lossless: the receiver gets the same values.
   torch::Tensor Transfer(torch::Tensor t) const override { return t; }
@@ -69,34 +76,39 @@ class HalfTensorCodec final : public TensorCodec {
                   v1::Tensor::Encoding encoding, float range)
       : name_(name), half_(half), encoding_(encoding), range_(range) {}
   absl::string_view name() const override { return name_; }
-  void Encode(const torch::Tensor& t, v1::Tensor* out) const override {
-    if (t.scalar_type() != torch::kFloat32) return EncodeTensor(t, out);
+  void EncodeFramed(const torch::Tensor& t, v1::Tensor* meta,
+                    TensorBytes* bytes) const override {
+    if (t.scalar_type() != torch::kFloat32) {
+      return EncodeTensor(t, meta, bytes);
+    }
     const torch::Tensor h = t.detach().cpu().to(half_).contiguous();
-    SetEncodedHeader(h, encoding_, out);
-    out->mutable_data()->assign(static_cast<const char*>(h.data_ptr()),
-                                h.numel() * h.element_size());
+    SetEncodedHeader(h, encoding_, meta);
+    bytes->data = Payload::OfTensor(h);
+    bytes->scales = Payload();
   }
-  absl::StatusOr<torch::Tensor> Decode(
-      const v1::Tensor& w, const std::string& what,
+  absl::StatusOr<torch::Tensor> DecodeFramed(
+      const v1::Tensor& w, const TensorBytes& values, const std::string& what,
       const TensorLimits& limits) const override {
-    if (w.dtype() != v1::Tensor::FLOAT32) return DecodeTensor(w, what, limits);
+    if (w.dtype() != v1::Tensor::FLOAT32) {
+      return DecodeTensor(w, values, what, limits);
+    }
     std::vector<int64_t> shape;
     int64_t elements = 0;
     RETURN_IF_ERROR(
         CheckEncoded(w, encoding_, what, limits, &shape, &elements));
-    if (w.block_size() != 0 || !w.scales().empty()) {
+    if (w.block_size() != 0 || values.scales.size() != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": a ", name_, " tensor with an int8 block size or scales"));
     }
     const int64_t bytes = elements * 2;
-    if (static_cast<int64_t>(w.data().size()) != bytes) {
+    if (static_cast<int64_t>(values.data.size()) != bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": ", w.data().size(), " data bytes, expected ", bytes, " (",
+          what, ": ", values.data.size(), " data bytes, expected ", bytes, " (",
           elements, " ", name_, " values of 2 bytes)"));
     }
-    torch::Tensor h = torch::empty(shape, torch::dtype(half_));
-    if (bytes > 0) std::memcpy(h.data_ptr(), w.data().data(), bytes);
-    return h.to(torch::kFloat32);
+    // Widening is the one pass over the values (none to gather when the
+    // payload can back the half tensor).
+    return TensorFromPayload(values.data, shape, half_).to(torch::kFloat32);
   }
   torch::Tensor Transfer(torch::Tensor t) const override {
     if (t.scalar_type() != torch::kFloat32) return t;
@@ -157,28 +169,33 @@ class Int8BlockwiseCodec final : public TensorCodec {
  public:
   explicit Int8BlockwiseCodec(int block_size) : block_(block_size) {}
   absl::string_view name() const override { return "int8"; }
-  void Encode(const torch::Tensor& t, v1::Tensor* out) const override {
-    if (t.scalar_type() != torch::kFloat32) return EncodeTensor(t, out);
+  void EncodeFramed(const torch::Tensor& t, v1::Tensor* meta,
+                    TensorBytes* bytes) const override {
+    if (t.scalar_type() != torch::kFloat32) {
+      return EncodeTensor(t, meta, bytes);
+    }
     const torch::Tensor x = t.detach().cpu().contiguous();
-    SetEncodedHeader(x, v1::Tensor::INT8_BLOCKWISE, out);
-    out->set_block_size(block_);
+    SetEncodedHeader(x, v1::Tensor::INT8_BLOCKWISE, meta);
+    meta->set_block_size(block_);
     const int64_t n = x.numel();
-    std::string* data = out->mutable_data();
-    std::string* scales = out->mutable_scales();
-    data->resize(n);
-    scales->resize(Blocks(n) * sizeof(float));
+    std::string data(n, '\0');
+    std::string scales(Blocks(n) * sizeof(float), '\0');
     const float* v = x.data_ptr<float>();
-    auto* q = reinterpret_cast<int8_t*>(data->data());
+    auto* q = reinterpret_cast<int8_t*>(data.data());
     for (int64_t b = 0, i = 0; i < n; ++b, i += block_) {
       const float s =
           QuantizeBlock(v + i, std::min<int64_t>(block_, n - i), q + i);
-      std::memcpy(scales->data() + b * sizeof(float), &s, sizeof(float));
+      std::memcpy(scales.data() + b * sizeof(float), &s, sizeof(float));
     }
+    bytes->data = Payload::OfString(std::move(data));
+    bytes->scales = Payload::OfString(std::move(scales));
   }
-  absl::StatusOr<torch::Tensor> Decode(
-      const v1::Tensor& w, const std::string& what,
+  absl::StatusOr<torch::Tensor> DecodeFramed(
+      const v1::Tensor& w, const TensorBytes& values, const std::string& what,
       const TensorLimits& limits) const override {
-    if (w.dtype() != v1::Tensor::FLOAT32) return DecodeTensor(w, what, limits);
+    if (w.dtype() != v1::Tensor::FLOAT32) {
+      return DecodeTensor(w, values, what, limits);
+    }
     std::vector<int64_t> shape;
     int64_t n = 0;
     RETURN_IF_ERROR(
@@ -188,25 +205,30 @@ class Int8BlockwiseCodec final : public TensorCodec {
           absl::StrCat(what, ": int8 block size ", w.block_size(),
                        ", the run's wire.int8_block_size is ", block_));
     }
-    if (static_cast<int64_t>(w.data().size()) != n) {
+    if (static_cast<int64_t>(values.data.size()) != n) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": ", w.data().size(), " data bytes, expected ", n,
-                       " (one int8 per value)"));
+          absl::StrCat(what, ": ", values.data.size(), " data bytes, expected ",
+                       n, " (one int8 per value)"));
     }
     const int64_t blocks = Blocks(n);
-    if (static_cast<int64_t>(w.scales().size()) !=
+    if (static_cast<int64_t>(values.scales.size()) !=
         blocks * static_cast<int64_t>(sizeof(float))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": ", w.scales().size(), " scale bytes, expected ",
+          what, ": ", values.scales.size(), " scale bytes, expected ",
           blocks * sizeof(float), " (", blocks, " fp32 scales for ", n,
           " values in blocks of ", block_, ")"));
     }
+    // Codes and scales in one piece each: gathered only when they arrived
+    // in several.
+    std::string data_storage, scales_storage;
+    const absl::string_view data = values.data.Flat(&data_storage);
+    const absl::string_view scales = values.scales.Flat(&scales_storage);
     torch::Tensor t = torch::empty(shape, torch::dtype(torch::kFloat32));
     float* out = t.data_ptr<float>();
-    const auto* q = reinterpret_cast<const int8_t*>(w.data().data());
+    const auto* q = reinterpret_cast<const int8_t*>(data.data());
     for (int64_t b = 0, i = 0; i < n; ++b, i += block_) {
       float s;
-      std::memcpy(&s, w.scales().data() + b * sizeof(float), sizeof(float));
+      std::memcpy(&s, scales.data() + b * sizeof(float), sizeof(float));
       // Also refuses NaN: every comparison with it is false.
       if (!(s >= 0.0f && s <= kMaxScale)) {
         return absl::InvalidArgumentError(
@@ -274,6 +296,18 @@ int64_t Elements(int64_t batch, const std::vector<int64_t>& dims) {
 }
 
 }  // namespace
+
+void TensorCodec::Encode(const torch::Tensor& t, v1::Tensor* out) const {
+  TensorBytes bytes;
+  EncodeFramed(t, out, &bytes);
+  AttachBytes(bytes, out);
+}
+
+absl::StatusOr<torch::Tensor> TensorCodec::Decode(
+    const v1::Tensor& t, const std::string& what,
+    const TensorLimits& limits) const {
+  return DecodeFramed(t, BorrowBytes(t), what, limits);
+}
 
 std::shared_ptr<const TensorCodec> Fp32Codec() {
   static const auto* codec = new std::shared_ptr<const TensorCodec>(
@@ -387,73 +421,82 @@ WireCodec::WireCodec(std::shared_ptr<const TensorCodec> activations,
       targets_(Fp32Codec()) {}
 
 void WireCodec::EncodeForward(const ForwardMsg& m, int microbatches,
-                              v1::ForwardData* out) const {
-  out->set_step(m.step);
-  out->set_microbatch(m.mb);
-  out->set_microbatches(microbatches);
-  out->set_learning_rate(m.lr);
-  out->set_nonfinite(m.nonfinite);
-  out->mutable_routes()->Add(m.routes.begin(), m.routes.end());
-  EncodeBatch(m.input, m.target, out->mutable_input(), out->mutable_target());
+                              DownFrame* out) const {
+  v1::ForwardData* f = out->proto.mutable_forward();
+  f->set_step(m.step);
+  f->set_microbatch(m.mb);
+  f->set_microbatches(microbatches);
+  f->set_learning_rate(m.lr);
+  f->set_nonfinite(m.nonfinite);
+  f->mutable_routes()->Add(m.routes.begin(), m.routes.end());
+  EncodeBatch(m.input, m.target, f->mutable_input(), f->mutable_target(), out);
 }
 
 absl::StatusOr<ForwardMsg> WireCodec::DecodeForward(
-    const v1::ForwardData& d, const std::string& where,
+    const DownFrame& frame, const std::string& where,
     const TensorLimits& limits) const {
+  const v1::ForwardData& d = frame.proto.forward();
   ForwardMsg m;
   m.step = d.step();
   m.mb = d.microbatch();
   m.lr = d.learning_rate();
   m.nonfinite = d.nonfinite();
   m.routes.assign(d.routes().begin(), d.routes().end());
-  RETURN_IF_ERROR(
-      DecodeBatch(d.input(), d.target(), where, limits, &m.input, &m.target));
+  RETURN_IF_ERROR(DecodeBatch(d.input(), d.target(), frame, where, limits,
+                              &m.input, &m.target));
   return m;
 }
 
-void WireCodec::EncodeEval(const EvalMsg& m, v1::EvalData* out) const {
-  out->set_batch(m.batch);
-  out->set_nonfinite(m.nonfinite);
-  EncodeBatch(m.input, m.target, out->mutable_input(), out->mutable_target());
+void WireCodec::EncodeEval(const EvalMsg& m, DownFrame* out) const {
+  v1::EvalData* e = out->proto.mutable_eval();
+  e->set_batch(m.batch);
+  e->set_nonfinite(m.nonfinite);
+  EncodeBatch(m.input, m.target, e->mutable_input(), e->mutable_target(), out);
 }
 
 absl::StatusOr<EvalMsg> WireCodec::DecodeEval(
-    const v1::EvalData& d, const std::string& where,
+    const DownFrame& frame, const std::string& where,
     const TensorLimits& limits) const {
+  const v1::EvalData& d = frame.proto.eval();
   EvalMsg m;
   m.batch = d.batch();
   m.nonfinite = d.nonfinite();
-  RETURN_IF_ERROR(
-      DecodeBatch(d.input(), d.target(), where, limits, &m.input, &m.target));
+  RETURN_IF_ERROR(DecodeBatch(d.input(), d.target(), frame, where, limits,
+                              &m.input, &m.target));
   return m;
 }
 
 void WireCodec::EncodeBatch(const torch::Tensor& input,
                             const torch::Tensor& target, v1::Tensor* input_out,
-                            v1::Tensor* target_out) const {
-  activations_->Encode(input, input_out);
-  targets_->Encode(target, target_out);
+                            v1::Tensor* target_out, DownFrame* out) const {
+  out->tensors.resize(2);
+  activations_->EncodeFramed(input, input_out, &out->tensors[0]);
+  targets_->EncodeFramed(target, target_out, &out->tensors[1]);
 }
 
-absl::Status WireCodec::DecodeBatch(const v1::Tensor& input,
-                                    const v1::Tensor& target,
-                                    const std::string& where,
-                                    const TensorLimits& limits,
-                                    torch::Tensor* input_out,
-                                    torch::Tensor* target_out) const {
-  ASSIGN_OR_RETURN(*input_out,
-                   activations_->Decode(input, where + " input", limits));
+absl::Status WireCodec::DecodeBatch(
+    const v1::Tensor& input, const v1::Tensor& target, const DownFrame& frame,
+    const std::string& where, const TensorLimits& limits,
+    torch::Tensor* input_out, torch::Tensor* target_out) const {
+  ASSIGN_OR_RETURN(
+      *input_out, activations_->DecodeFramed(input, SlotBytes(frame.tensors, 0),
+                                             where + " input", limits));
   ASSIGN_OR_RETURN(*target_out,
-                   targets_->Decode(target, where + " target", limits));
+                   targets_->DecodeFramed(target, SlotBytes(frame.tensors, 1),
+                                          where + " target", limits));
   return absl::OkStatus();
 }
 
-void WireCodec::EncodeUpward(const UpwardMsg& m, v1::UpwardData* out) const {
+void WireCodec::EncodeUpward(const UpwardMsg& m, UpFrame* frame) const {
+  v1::UpwardData* out = frame->proto.mutable_upward();
   out->set_step(m.step);
   out->set_microbatch(m.mb);
   out->set_first_entry(m.first_entry);
   out->set_partial(!m.final);
-  for (const auto& g : m.grads) gradients_->Encode(g, out->add_gradients());
+  for (const auto& g : m.grads) {
+    frame->tensors.emplace_back();
+    gradients_->EncodeFramed(g, out->add_gradients(), &frame->tensors.back());
+  }
   for (bool b : m.nonfinite) out->add_nonfinite(b);
   for (const auto& r : m.reports) {
     auto* p = out->add_reports();
@@ -471,7 +514,8 @@ void WireCodec::EncodeUpward(const UpwardMsg& m, v1::UpwardData* out) const {
 }
 
 absl::StatusOr<UpwardMsg> WireCodec::DecodeUpward(
-    const v1::UpwardData& d, const TensorLimits& limits) const {
+    const UpFrame& frame, const TensorLimits& limits) const {
+  const v1::UpwardData& d = frame.proto.upward();
   UpwardMsg m;
   m.step = d.step();
   m.mb = d.microbatch();
@@ -480,8 +524,8 @@ absl::StatusOr<UpwardMsg> WireCodec::DecodeUpward(
   for (int i = 0; i < d.gradients_size(); ++i) {
     ASSIGN_OR_RETURN(
         torch::Tensor g,
-        gradients_->Decode(d.gradients(i), absl::StrCat("gradients[", i, "]"),
-                           limits));
+        gradients_->DecodeFramed(d.gradients(i), SlotBytes(frame.tensors, i),
+                                 absl::StrCat("gradients[", i, "]"), limits));
     m.grads.push_back(std::move(g));
   }
   if (d.nonfinite_size() != 0 && d.nonfinite_size() != d.gradients_size()) {

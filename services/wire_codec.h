@@ -24,6 +24,7 @@
 #include "services/data.h"
 #include "services/messages.h"
 #include "services/wire.h"
+#include "services/wire_frame.h"
 
 namespace interlock {
 
@@ -41,13 +42,21 @@ class TensorCodec {
  public:
   virtual ~TensorCodec() = default;
   virtual absl::string_view name() const = 0;
-  virtual void Encode(const torch::Tensor& t,
-                      interlock::v1::Tensor* out) const = 0;
-  // Decodes with at least DecodeTensor's checks (dtype, rank and element
-  // caps, byte length); errors are INVALID_ARGUMENT naming `what`.
-  virtual absl::StatusOr<torch::Tensor> Decode(
-      const interlock::v1::Tensor& t, const std::string& what,
-      const TensorLimits& limits) const = 0;
+  // `t`'s description into `meta`, its encoded values into `bytes`, which
+  // reference the tensor's memory where the codec sends it as it is.
+  virtual void EncodeFramed(const torch::Tensor& t, interlock::v1::Tensor* meta,
+                            TensorBytes* bytes) const = 0;
+  // Decodes `meta` with its values in `bytes` (meta's own data and scales
+  // are not read), with at least DecodeTensor's checks (dtype, rank and
+  // element caps, byte length); errors are INVALID_ARGUMENT naming `what`.
+  virtual absl::StatusOr<torch::Tensor> DecodeFramed(
+      const interlock::v1::Tensor& meta, const TensorBytes& bytes,
+      const std::string& what, const TensorLimits& limits) const = 0;
+  // The same through a plain protobuf Tensor (values in data and scales).
+  void Encode(const torch::Tensor& t, interlock::v1::Tensor* out) const;
+  absl::StatusOr<torch::Tensor> Decode(const interlock::v1::Tensor& t,
+                                       const std::string& what,
+                                       const TensorLimits& limits) const;
   // What the receiver gets of `t`: Decode(Encode(t)) in value, without the
   // message where the codec allows (FP32: `t` itself).
   virtual torch::Tensor Transfer(torch::Tensor t) const = 0;
@@ -92,23 +101,24 @@ class WireCodec {
   WireCodec(std::shared_ptr<const TensorCodec> activations,
             std::shared_ptr<const TensorCodec> gradients);
 
-  // Down: training micro-batches and evaluation batches. `microbatches` is
-  // the run's M, which every ForwardData names. Decoding checks the tensors
-  // as wire data; the schedule, shapes and values are the receiver's to
-  // check. Errors name `where`.
+  // Down: training micro-batches and evaluation batches, into the forward
+  // or eval of `out` (its header is the caller's). `microbatches` is the
+  // run's M, which every ForwardData names. Decoding checks the tensors as
+  // wire data; the schedule, shapes and values are the receiver's to check.
+  // Errors name `where`.
   void EncodeForward(const ForwardMsg& m, int microbatches,
-                     interlock::v1::ForwardData* out) const;
-  absl::StatusOr<ForwardMsg> DecodeForward(const interlock::v1::ForwardData& d,
+                     DownFrame* out) const;
+  absl::StatusOr<ForwardMsg> DecodeForward(const DownFrame& d,
                                            const std::string& where,
                                            const TensorLimits& limits) const;
-  void EncodeEval(const EvalMsg& m, interlock::v1::EvalData* out) const;
-  absl::StatusOr<EvalMsg> DecodeEval(const interlock::v1::EvalData& d,
+  void EncodeEval(const EvalMsg& m, DownFrame* out) const;
+  absl::StatusOr<EvalMsg> DecodeEval(const DownFrame& d,
                                      const std::string& where,
                                      const TensorLimits& limits) const;
 
   // Up: gradients, reports and timings; step completions; evaluations.
-  void EncodeUpward(const UpwardMsg& m, interlock::v1::UpwardData* out) const;
-  absl::StatusOr<UpwardMsg> DecodeUpward(const interlock::v1::UpwardData& d,
+  void EncodeUpward(const UpwardMsg& m, UpFrame* out) const;
+  absl::StatusOr<UpwardMsg> DecodeUpward(const UpFrame& d,
                                          const TensorLimits& limits = {}) const;
   void EncodeStepDone(const StepDone& d, interlock::v1::StepDone* out) const;
   StepDone DecodeStepDone(const interlock::v1::StepDone& d) const;
@@ -133,14 +143,14 @@ class WireCodec {
   const TensorCodec& gradients() const { return *gradients_; }
 
  private:
-  // A batch's input (activations) and targets, down.
+  // A batch's input (activations) and targets, down: slots 0 and 1.
   void EncodeBatch(const torch::Tensor& input, const torch::Tensor& target,
                    interlock::v1::Tensor* input_out,
-                   interlock::v1::Tensor* target_out) const;
+                   interlock::v1::Tensor* target_out, DownFrame* out) const;
   absl::Status DecodeBatch(const interlock::v1::Tensor& input,
                            const interlock::v1::Tensor& target,
-                           const std::string& where, const TensorLimits& limits,
-                           torch::Tensor* input_out,
+                           const DownFrame& d, const std::string& where,
+                           const TensorLimits& limits, torch::Tensor* input_out,
                            torch::Tensor* target_out) const;
 
   std::shared_ptr<const TensorCodec> activations_;

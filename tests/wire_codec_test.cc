@@ -43,8 +43,9 @@ TEST(WireCodec, Fp32ForwardIsTheRawEncoding) {
   m.lr = 0.125;
   m.input = torch::randn({2, 3, 4});
   m.target = torch::tensor({1, 0}, torch::kInt64);
-  v1::ForwardData d;
-  Fp32().EncodeForward(m, 4, &d);
+  DownFrame f;
+  Fp32().EncodeForward(m, 4, &f);
+  const v1::ForwardData d = ToProto(f).forward();
   // What the coordinator and the workers wrote before the codec.
   v1::ForwardData want;
   want.set_step(7);
@@ -55,7 +56,7 @@ TEST(WireCodec, Fp32ForwardIsTheRawEncoding) {
   EncodeTensor(m.target, want.mutable_target());
   EXPECT_EQ(d.SerializeAsString(), want.SerializeAsString());
 
-  auto back = Fp32().DecodeForward(d, "fwd", {});
+  auto back = Fp32().DecodeForward(f, "fwd", {});
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->step, 7);
   EXPECT_EQ(back->mb, 2);
@@ -69,19 +70,21 @@ TEST(WireCodec, DecodeKeepsTheTensorChecks) {
   ForwardMsg m;
   m.input = torch::zeros({2, 3});
   m.target = torch::zeros({2}, torch::kInt64);
-  v1::ForwardData d;
-  Fp32().EncodeForward(m, 1, &d);
-  d.mutable_input()->mutable_data()->resize(5);
-  auto r = Fp32().DecodeForward(d, "block 1 step 0", {});
+  DownFrame f;
+  Fp32().EncodeForward(m, 1, &f);
+  v1::DownMessage d = ToProto(f);
+  d.mutable_forward()->mutable_input()->mutable_data()->resize(5);
+  auto r = Fp32().DecodeForward(ToFrame(d), "block 1 step 0", {});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("block 1 step 0 input"),
             std::string::npos)
       << r.status();
 
-  v1::EvalData e;
+  DownFrame e;
   Fp32().EncodeEval({3, m.input, m.target, true}, &e);
-  e.mutable_target()->set_dtype(static_cast<v1::Tensor::DType>(99));
+  e.proto.mutable_eval()->mutable_target()->set_dtype(
+      static_cast<v1::Tensor::DType>(99));
   auto er = Fp32().DecodeEval(e, "eval", {});
   ASSERT_FALSE(er.ok());
   EXPECT_NE(er.status().message().find("eval target: unknown dtype"),
@@ -99,9 +102,9 @@ TEST(WireCodec, UpwardStepDoneAndEvalRoundTrip) {
   u.nonfinite = {false, true};
   u.reports.push_back({1, 0.5, 3, 4});
   u.timings.push_back({1, Phase::kInputGrad, 0.25});
-  v1::UpwardData d;
+  UpFrame d;
   Fp32().EncodeUpward(u, &d);
-  EXPECT_TRUE(d.partial());
+  EXPECT_TRUE(d.proto.upward().partial());
   auto back = Fp32().DecodeUpward(d);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->step, 3);
@@ -114,7 +117,7 @@ TEST(WireCodec, UpwardStepDoneAndEvalRoundTrip) {
   EXPECT_EQ(back->timings[0].phase, Phase::kInputGrad);
   EXPECT_EQ(back->reports[0].correct, 3);
 
-  d.mutable_nonfinite()->RemoveLast();
+  d.proto.mutable_upward()->mutable_nonfinite()->RemoveLast();
   EXPECT_FALSE(Fp32().DecodeUpward(d).ok());
 
   StepDone s{2, 9, {2, Phase::kOptimizer, 0.5}, true, 4};

@@ -238,11 +238,11 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   cb.send_down = [this, r](ForwardMsg m) {
     const int to =
         m.routes.empty() ? 0 : m.routes[m.mb * r->num_blocks + r->block + 1];
-    v1::DownMessage msg;
-    SetHeader(r->run_id, r->generation, r->block + 1, &msg);
-    msg.mutable_header()->mutable_route()->set_replica(to);
-    msg.mutable_header()->set_from_replica(r->replica);
-    r->codec.EncodeForward(m, r->microbatches, msg.mutable_forward());
+    DownFrame msg;
+    SetHeader(r->run_id, r->generation, r->block + 1, &msg.proto);
+    msg.proto.mutable_header()->mutable_route()->set_replica(to);
+    msg.proto.mutable_header()->set_from_replica(r->replica);
+    r->codec.EncodeForward(m, r->microbatches, &msg);
     SendDown(to, std::move(msg));
   };
   cb.send_up = [this, r](UpwardMsg m) {
@@ -270,8 +270,8 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     for (const auto& rep : m.reports) {
       if (rep.block == r->block) r->metrics->head_loss->Set(rep.loss);
     }
-    v1::UpMessage msg;
-    r->codec.EncodeUpward(m, msg.mutable_upward());
+    UpFrame msg;
+    r->codec.EncodeUpward(m, &msg);
     SendUp(m.step, m.mb, m.final, std::move(msg));
   };
   cb.step_done = [this, r](StepDone d) {

@@ -17,6 +17,7 @@
 #include "services/block_archive.h"
 #include "services/block_host.h"
 #include "services/wire.h"
+#include "services/wire_frame.h"
 #include "worker/metrics.h"
 
 namespace interlock {
@@ -25,7 +26,7 @@ namespace interlock {
 class UpstreamSink {
  public:
   virtual ~UpstreamSink() = default;
-  virtual void Send(interlock::v1::UpMessage msg) = 0;
+  virtual void Send(const UpFrame& msg) = 0;
   // Ends the stream with this status (once; later calls are ignored).
   virtual void Finish(const absl::Status& status) = 0;
 };
@@ -43,7 +44,7 @@ class ControlSink {
 class DownstreamLink {
  public:
   virtual ~DownstreamLink() = default;
-  virtual void Send(interlock::v1::DownMessage msg) = 0;
+  virtual void Send(const DownFrame& msg) = 0;
   virtual void Close() = 0;
 };
 
@@ -73,7 +74,7 @@ class WorkerCore {
   // called on any thread.
   using LinkFactory = std::function<std::unique_ptr<DownstreamLink>(
       const std::string& address, int64_t max_message_bytes,
-      std::function<void(interlock::v1::UpMessage)> on_message,
+      std::function<void(UpFrame)> on_message,
       std::function<void(absl::Status)> on_done)>;
 
   WorkerCore(WorkerOptions options, WorkerMetrics* metrics,
@@ -110,8 +111,7 @@ class WorkerCore {
   // coordinator), the message is handled as by OnDown and `accepted` runs.
   // Otherwise the stream ends with a refusal that tells nothing of the
   // configured run, and the live stream is untouched. Runs on the executor.
-  void OnFirstDown(std::shared_ptr<UpstreamSink> from,
-                   interlock::v1::DownMessage msg,
+  void OnFirstDown(std::shared_ptr<UpstreamSink> from, DownFrame msg,
                    std::function<void()> accepted);
   // Makes `sink` the incoming stream from replica `from` of block k-1 (the
   // coordinator: 0), ending the previous one of that sender. Only for a
@@ -120,8 +120,7 @@ class WorkerCore {
   void Detach(const UpstreamSink* sink);
   // A message read from the incoming stream `from`; an error in it ends
   // that stream with the error.
-  void OnDown(std::shared_ptr<UpstreamSink> from,
-              interlock::v1::DownMessage msg);
+  void OnDown(std::shared_ptr<UpstreamSink> from, DownFrame msg);
   // The upstream half-closed stream `from`: it ends (OK unless a message
   // already ended it) after the messages it sent have been handled.
   void OnDownClosed(std::shared_ptr<UpstreamSink> from);
@@ -145,25 +144,24 @@ class WorkerCore {
 
   absl::StatusOr<interlock::v1::ConfigureResponse> DoConfigure(
       const interlock::v1::ConfigureRequest& request);
-  absl::Status HandleDown(interlock::v1::DownMessage msg);
+  absl::Status HandleDown(const DownFrame& msg);
   // Checks a forward's routes against the topology this worker knows.
   absl::Status CheckRoutes(const interlock::v1::ForwardData& f,
                            const std::string& where) const;
   // Handles a message of stream `from`, ending it on error.
-  void ProcessDown(const std::shared_ptr<UpstreamSink>& from,
-                   interlock::v1::DownMessage msg);
-  absl::Status HandleForward(const interlock::v1::ForwardData& f, int from);
-  absl::Status HandleEval(const interlock::v1::EvalData& e);
-  void HandleUp(uint64_t link_id, interlock::v1::UpMessage msg);
+  void ProcessDown(const std::shared_ptr<UpstreamSink>& from, DownFrame msg);
+  absl::Status HandleForward(const DownFrame& msg, int from);
+  absl::Status HandleEval(const DownFrame& msg);
+  void HandleUp(uint64_t link_id, UpFrame msg);
   void HandleLinkDone(uint64_t link_id, absl::Status status);
   // To the sender of micro-batch (step, mb): its gradients and reports go
   // back the way its forward came.
-  void SendUp(int64_t step, int mb, bool final, interlock::v1::UpMessage msg);
+  void SendUp(int64_t step, int mb, bool final, UpFrame msg);
   // To the coordinator, on the control stream (dropped when none is open:
   // the coordinator opens one before it sends anything).
   void SendControl(interlock::v1::ControlEvent event);
   // To replica `replica` of the next block.
-  void SendDown(int replica, interlock::v1::DownMessage msg);
+  void SendDown(int replica, DownFrame msg);
   // Reports a failure to the coordinator and ends the incoming stream with
   // it, marked as reported (services/failure.h).
   void FailRun(int block, const std::string& address, const absl::Status& s);

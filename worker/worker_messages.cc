@@ -60,8 +60,7 @@ void WorkerCore::CloseControl(const ControlSink* sink) {
   if (control_.get() == sink) control_.reset();
 }
 
-void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from,
-                             v1::DownMessage msg,
+void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from, DownFrame msg,
                              std::function<void()> accepted) {
   host_.Post([this, from = std::move(from), msg = std::move(msg),
               accepted = std::move(accepted)]() mutable {
@@ -70,7 +69,7 @@ void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from,
           "stream: no block configured on this worker"));
       return;
     }
-    const auto& h = msg.header();
+    const auto& h = msg.proto.header();
     if (h.run_id() != run_->run_id || h.generation() != run_->generation) {
       run_->metrics->rejected->Increment();
       from->Finish(absl::FailedPreconditionError(
@@ -98,8 +97,7 @@ void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from,
   });
 }
 
-void WorkerCore::OnDown(std::shared_ptr<UpstreamSink> from,
-                        v1::DownMessage msg) {
+void WorkerCore::OnDown(std::shared_ptr<UpstreamSink> from, DownFrame msg) {
   // Messages are processed even if their stream was replaced meanwhile: they
   // were delivered, and the driver's checks refuse anything stale.
   host_.Post([this, from = std::move(from), msg = std::move(msg)]() mutable {
@@ -112,11 +110,11 @@ void WorkerCore::OnDownClosed(std::shared_ptr<UpstreamSink> from) {
 }
 
 void WorkerCore::ProcessDown(const std::shared_ptr<UpstreamSink>& from,
-                             v1::DownMessage msg) {
-  if (run_) run_->metrics->received_down_bytes->Increment(msg.ByteSizeLong());
+                             DownFrame msg) {
+  if (run_) run_->metrics->received_down_bytes->Increment(FrameBytes(msg));
   Run* before = run_.get();
   const int64_t seen = before ? before->nonfinite_seen : 0;
-  absl::Status s = HandleDown(std::move(msg));
+  absl::Status s = HandleDown(msg);
   if (!s.ok()) {
     // A stop by this block's non-finite policy is not a refused message.
     const bool own =
@@ -126,11 +124,11 @@ void WorkerCore::ProcessDown(const std::shared_ptr<UpstreamSink>& from,
   }
 }
 
-absl::Status WorkerCore::HandleDown(v1::DownMessage msg) {
+absl::Status WorkerCore::HandleDown(const DownFrame& msg) {
   if (!run_) {
     return absl::FailedPreconditionError("worker: no block configured");
   }
-  const auto& h = msg.header();
+  const auto& h = msg.proto.header();
   if (h.run_id() != run_->run_id || h.generation() != run_->generation) {
     return absl::FailedPreconditionError(
         absl::StrCat("block ", run_->block, ": message for run ",
@@ -147,11 +145,11 @@ absl::Status WorkerCore::HandleDown(v1::DownMessage msg) {
     return absl::FailedPreconditionError(absl::StrCat(
         "block ", run_->block, ": the run failed; reconfigure to continue"));
   }
-  switch (msg.kind_case()) {
+  switch (msg.proto.kind_case()) {
     case v1::DownMessage::kForward:
-      return HandleForward(msg.forward(), h.from_replica());
+      return HandleForward(msg, h.from_replica());
     case v1::DownMessage::kEval:
-      return HandleEval(msg.eval());
+      return HandleEval(msg);
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("block ", run_->block, ": empty down message"));
@@ -201,7 +199,8 @@ absl::Status WorkerCore::CheckRoutes(const v1::ForwardData& f,
   return absl::OkStatus();
 }
 
-absl::Status WorkerCore::HandleForward(const v1::ForwardData& f, int from) {
+absl::Status WorkerCore::HandleForward(const DownFrame& msg, int from) {
+  const v1::ForwardData& f = msg.proto.forward();
   Run& r = *run_;
   const std::string where = absl::StrCat("block ", r.block, " step ", f.step(),
                                          " micro-batch ", f.microbatch());
@@ -250,7 +249,7 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f, int from) {
         r.window, " micro-batches allows"));
   }
   ASSIGN_OR_RETURN(ForwardMsg m,
-                   r.codec.DecodeForward(f, where, options_.limits));
+                   r.codec.DecodeForward(msg, where, options_.limits));
   RETURN_IF_ERROR(ExpectTensor(m.input, r.input_dtype,
                                WithBatch(r.mb_size, r.sample_shape),
                                where + " input"));
@@ -270,11 +269,12 @@ absl::Status WorkerCore::HandleForward(const v1::ForwardData& f, int from) {
   return s;
 }
 
-absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
+absl::Status WorkerCore::HandleEval(const DownFrame& msg) {
+  const v1::EvalData& e = msg.proto.eval();
   Run& r = *run_;
   const std::string where =
       absl::StrCat("block ", r.block, " eval batch ", e.batch());
-  ASSIGN_OR_RETURN(EvalMsg m, r.codec.DecodeEval(e, where, options_.limits));
+  ASSIGN_OR_RETURN(EvalMsg m, r.codec.DecodeEval(msg, where, options_.limits));
   const int64_t b = m.input.dim() > 0 ? m.input.size(0) : 0;
   if (b < 1 || b > r.eval_batch) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -298,32 +298,31 @@ absl::Status WorkerCore::HandleEval(const v1::EvalData& e) {
   r.codec.EncodeEvalResult(report, up.mutable_eval());
   SendControl(std::move(up));
   if (r.block + 1 < r.num_blocks) {
-    v1::DownMessage down;
-    SetHeader(r.run_id, r.generation, r.block + 1, &down);
+    DownFrame down;
+    SetHeader(r.run_id, r.generation, r.block + 1, &down.proto);
     m.input = std::move(res.output);
     m.nonfinite = res.output_nonfinite;
-    r.codec.EncodeEval(m, down.mutable_eval());
+    r.codec.EncodeEval(m, &down);
     // Replicas hold the same parameters between steps: the first evaluates.
-    down.mutable_header()->set_from_replica(r.replica);
+    down.proto.mutable_header()->set_from_replica(r.replica);
     SendDown(0, std::move(down));
   }
   return absl::OkStatus();
 }
 
-void WorkerCore::HandleUp(uint64_t link_id, v1::UpMessage msg) {
+void WorkerCore::HandleUp(uint64_t link_id, UpFrame msg) {
   if (!run_) return;
   const int from = run_->LinkReplica(link_id);
   if (from < 0) return;  // an old run's link
   Run& r = *run_;
-  r.metrics->received_up_bytes->Increment(msg.ByteSizeLong());
+  r.metrics->received_up_bytes->Increment(FrameBytes(msg));
   bool own_failure = false;
   absl::Status s = [&]() -> absl::Status {
-    if (msg.kind_case() != v1::UpMessage::kUpward) {
+    if (msg.proto.kind_case() != v1::UpMessage::kUpward) {
       return absl::InvalidArgumentError(absl::StrCat(
           "block ", r.block, ": empty up message from block ", r.block + 1));
     }
-    ASSIGN_OR_RETURN(UpwardMsg up,
-                     r.codec.DecodeUpward(msg.upward(), options_.limits));
+    ASSIGN_OR_RETURN(UpwardMsg up, r.codec.DecodeUpward(msg, options_.limits));
     for (size_t i = 0; i < up.grads.size(); ++i) {
       const std::string what =
           absl::StrCat("block ", r.block, " step ", up.step, " micro-batch ",
@@ -388,7 +387,7 @@ void WorkerCore::EndUpstream(const absl::Status& s) {
   for (auto& [from, sink] : sinks) sink->Finish(s);
 }
 
-void WorkerCore::SendUp(int64_t step, int mb, bool final, v1::UpMessage msg) {
+void WorkerCore::SendUp(int64_t step, int mb, bool final, UpFrame msg) {
   int from = 0;
   if (run_) {
     auto it = run_->senders.find({step, mb});
@@ -404,8 +403,8 @@ void WorkerCore::SendUp(int64_t step, int mb, bool final, v1::UpMessage msg) {
     if (it != sinks_.end()) sink = it->second;
   }
   if (!sink) return;  // nobody upstream: the coordinator will notice
-  if (run_) run_->metrics->sent_up_bytes->Increment(msg.ByteSizeLong());
-  sink->Send(std::move(msg));
+  if (run_) run_->metrics->sent_up_bytes->Increment(FrameBytes(msg));
+  sink->Send(msg);
 }
 
 void WorkerCore::SendControl(v1::ControlEvent event) {
@@ -419,7 +418,7 @@ void WorkerCore::SendControl(v1::ControlEvent event) {
   sink->Send(std::move(event));
 }
 
-void WorkerCore::SendDown(int replica, v1::DownMessage msg) {
+void WorkerCore::SendDown(int replica, DownFrame msg) {
   Run& r = *run_;
   Run::Link& link = r.links[replica];
   if (!link.link) {
@@ -427,7 +426,7 @@ void WorkerCore::SendDown(int replica, v1::DownMessage msg) {
     link.id = id;
     link.link = link_factory_(
         r.next_addresses[replica], r.max_message_bytes,
-        [this, id](v1::UpMessage m) {
+        [this, id](UpFrame m) {
           host_.Post([this, id, m = std::move(m)]() mutable {
             HandleUp(id, std::move(m));
           });
@@ -436,8 +435,8 @@ void WorkerCore::SendDown(int replica, v1::DownMessage msg) {
           host_.Post([this, id, s] { HandleLinkDone(id, s); });
         });
   }
-  r.metrics->sent_down_bytes->Increment(msg.ByteSizeLong());
-  link.link->Send(std::move(msg));
+  r.metrics->sent_down_bytes->Increment(FrameBytes(msg));
+  link.link->Send(msg);
 }
 
 }  // namespace interlock

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/frames.h"
 #include "rpc/status.h"
 #include "rpc/worker_client.h"
 #include "services/status_macros.h"
@@ -24,7 +25,7 @@ class ControlReactor;
 class ReactorSink : public UpstreamSink {
  public:
   explicit ReactorSink(StreamReactor* r) : reactor_(r) {}
-  void Send(v1::UpMessage msg) override;
+  void Send(const UpFrame& msg) override;
   void Finish(const absl::Status& status) override;
   // The core accepted the stream's first message: read on.
   void Accepted();
@@ -48,16 +49,14 @@ class ControlReactorSink : public ControlSink {
   ReactorHandle<ControlReactor> reactor_;
 };
 
-using RefusedStream =
-    Refused<grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>>;
+// The stream reads and writes frames as raw byte buffers (rpc/frames.h).
+using RawStream = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+using RefusedStream = Refused<RawStream>;
 
 // An incoming stream. It reaches the core's live stream only once its first
 // message names the configured run (WorkerCore::OnFirstDown); until then it
 // disturbs nothing, and it is ended if that message does not come in time.
-class StreamReactor
-    : public QueuedWrites<
-          grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>,
-          v1::UpMessage> {
+class StreamReactor : public QueuedWrites<RawStream, grpc::ByteBuffer> {
  public:
   StreamReactor(WorkerCore* core, std::atomic<int>* open)
       : core_(core), open_(open) {
@@ -92,19 +91,25 @@ class StreamReactor
       core_->OnDownClosed(sink_);
       return;
     }
+    // Only the header is parsed here; the tensors keep referencing the
+    // received slices.
+    absl::StatusOr<DownFrame> msg = DownFrameOf(in_);
+    in_.Clear();
     std::lock_guard<std::mutex> l(mu_);
     if (finishing_) return;  // ended meanwhile: read no more
+    if (!msg.ok()) {
+      FinishLocked(msg.status());
+      return;
+    }
     if (!first_seen_) {
       // The next read starts once the core accepted this one: an unproven
       // stream holds at most one message.
       first_seen_ = true;
-      core_->OnFirstDown(sink_, std::move(in_),
+      core_->OnFirstDown(sink_, *std::move(msg),
                          [sink = sink_] { sink->Accepted(); });
-      in_.Clear();
       return;
     }
-    core_->OnDown(sink_, std::move(in_));
-    in_.Clear();
+    core_->OnDown(sink_, *std::move(msg));
     StartRead(&in_);
   }
 
@@ -120,7 +125,7 @@ class StreamReactor
   std::atomic<int>* open_;
   std::shared_ptr<ReactorSink> sink_;
   grpc::Alarm proof_alarm_;
-  v1::DownMessage in_;
+  grpc::ByteBuffer in_;
   bool first_seen_ = false;  // the first message arrived; guarded by mu_
 };
 
@@ -156,8 +161,9 @@ class ControlReactor
   std::shared_ptr<ControlReactorSink> sink_;
 };
 
-void ReactorSink::Send(v1::UpMessage msg) {
-  reactor_.With([&](StreamReactor* r) { r->Enqueue(std::move(msg)); });
+void ReactorSink::Send(const UpFrame& msg) {
+  grpc::ByteBuffer buffer = ToByteBuffer(msg);
+  reactor_.With([&](StreamReactor* r) { r->Enqueue(std::move(buffer)); });
 }
 
 void ReactorSink::Finish(const absl::Status& status) {
@@ -187,7 +193,7 @@ class GrpcLink : public DownstreamLink {
   explicit GrpcLink(std::shared_ptr<StreamClient> stream)
       : stream_(std::move(stream)) {}
   ~GrpcLink() override { stream_->Cancel(); }
-  void Send(v1::DownMessage msg) override { stream_->Send(std::move(msg)); }
+  void Send(const DownFrame& msg) override { stream_->Send(msg); }
   void Close() override { stream_->CloseWrites(); }
 
  private:
@@ -254,8 +260,8 @@ absl::Status WorkerService::AdmitStream(grpc::CallbackServerContext* ctx) {
   return absl::OkStatus();
 }
 
-grpc::ServerBidiReactor<v1::DownMessage, v1::UpMessage>* WorkerService::Stream(
-    grpc::CallbackServerContext* ctx) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+WorkerService::Stream(grpc::CallbackServerContext* ctx) {
   if (absl::Status s = AdmitStream(ctx); !s.ok()) return new RefusedStream(s);
   return new StreamReactor(core_, &open_streams_);
 }
@@ -288,7 +294,7 @@ grpc::ServerUnaryReactor* WorkerService::GetState(
 
 WorkerCore::LinkFactory GrpcLinkFactory(const TransportSecurity& security) {
   return [security](const std::string& address, int64_t max_bytes,
-                    std::function<void(v1::UpMessage)> on_message,
+                    std::function<void(UpFrame)> on_message,
                     std::function<void(absl::Status)> on_done)
              -> std::unique_ptr<DownstreamLink> {
     WorkerClient next("next block", address, max_bytes, security);

@@ -22,9 +22,19 @@ struct WorkerServiceOptions {
   prometheus::Counter* unauthenticated = nullptr;
 };
 
+// The callback service with Stream taking raw byte buffers: its messages
+// are frames (rpc/frames.h), parsed without copying tensor values.
+using WorkerServiceBase = interlock::v1::Worker::WithCallbackMethod_Configure<
+    interlock::v1::Worker::WithRawCallbackMethod_Stream<
+        interlock::v1::Worker::WithCallbackMethod_GetState<
+            interlock::v1::Worker::WithCallbackMethod_SaveState<
+                interlock::v1::Worker::WithCallbackMethod_LoadState<
+                    interlock::v1::Worker::WithCallbackMethod_Control<
+                        interlock::v1::Worker::Service>>>>>>;
+
 // Every method checks the token first: a call without the right one ends
 // with UNAUTHENTICATED and never reaches the core.
-class WorkerService final : public interlock::v1::Worker::CallbackService {
+class WorkerService final : public WorkerServiceBase {
  public:
   WorkerService(WorkerCore* core, WorkerServiceOptions options)
       : core_(core), options_(std::move(options)) {}
@@ -33,8 +43,8 @@ class WorkerService final : public interlock::v1::Worker::CallbackService {
       grpc::CallbackServerContext* ctx,
       const interlock::v1::ConfigureRequest* request,
       interlock::v1::ConfigureResponse* response) override;
-  grpc::ServerBidiReactor<interlock::v1::DownMessage, interlock::v1::UpMessage>*
-  Stream(grpc::CallbackServerContext* ctx) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* GetState(
       grpc::CallbackServerContext* ctx,
       const interlock::v1::GetStateRequest* request,

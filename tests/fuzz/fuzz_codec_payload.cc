@@ -2,10 +2,13 @@
 // FP16, INT8_BLOCKWISE), as a worker of a run with that codec runs them on
 // every tensor and gradient list it receives. The first byte picks the
 // codec and int8 block size, the rest is parsed as a Tensor and as an
-// UpwardData. Whatever decodes must be an fp32 tensor of the declared shape
-// (finite for int8, whose scales are checked), re-encode to exactly
-// MaxEncodedBytes, and give bitwise the same in Transfer as through a
-// message: the in-process == cluster contract.
+// UpwardData, and read as a worker's stream reads them (services/
+// wire_frame.h): the Tensor as the input of a forward, the UpwardData as
+// an UpMessage's, each frame arriving in pieces, so that the values reach
+// the decoder split as gRPC slices split them. Whatever decodes must be an fp32
+// tensor of the declared shape (finite for int8, whose scales are checked),
+// re-encode to exactly MaxEncodedBytes, and give bitwise the same in Transfer
+// as through a message: the in-process == cluster contract.
 #include <google/protobuf/stubs/logging.h>
 
 #include <cstring>
@@ -15,6 +18,8 @@
 #include "proto/worker.pb.h"
 #include "services/wire.h"
 #include "services/wire_codec.h"
+#include "services/wire_frame.h"
+#include "tests/fuzz/received.h"
 
 namespace {
 
@@ -44,7 +49,8 @@ const std::vector<std::shared_ptr<const interlock::TensorCodec>>& Codecs() {
 
 bool Bitwise(const torch::Tensor& a, const torch::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+         (a.nbytes() == 0 ||  // data_ptr() may be null then
+          std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0);
 }
 
 // The checks on one decoded tensor `t` of wire tensor `w`.
@@ -97,18 +103,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // fuzz_tensor_decoder's.
   interlock::TensorLimits limits;
   limits.max_elements = 1 << 20;
+  const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
+  const size_t piece = 1 + size % 29;
   {
     v1::Tensor w;
     if (w.ParseFromArray(data, static_cast<int>(size))) {
       auto t = codec.Decode(w, "fuzz", limits);
       if (t.ok()) Check(codec, kind, w, *t);
     }
+    auto frame = interlock::ParseDownFrame(interlock::fuzz::Received(
+        interlock::fuzz::AsField(2, interlock::fuzz::AsField(5, bytes)),
+        piece));
+    if (frame.ok()) {
+      const v1::Tensor& meta = frame->proto.forward().input();
+      auto t = codec.DecodeFramed(meta, frame->tensors[0], "fuzz", limits);
+      if (t.ok()) Check(codec, kind, meta, *t);
+    }
   }
   {
-    v1::UpwardData up;
-    if (up.ParseFromArray(data, static_cast<int>(size))) {
+    auto frame = interlock::ParseUpFrame(
+        interlock::fuzz::Received(interlock::fuzz::AsField(1, bytes), piece));
+    if (frame.ok()) {
+      const v1::UpwardData& up = frame->proto.upward();
       const interlock::WireCodec wire(interlock::Fp32Codec(), Codecs()[pick]);
-      auto m = wire.DecodeUpward(up, limits);
+      auto m = wire.DecodeUpward(*frame, limits);
       if (m.ok()) {
         if (m->grads.size() != static_cast<size_t>(up.gradients_size())) {
           __builtin_trap();
@@ -116,7 +134,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (size_t i = 0; i < m->grads.size(); ++i) {
           Check(codec, kind, up.gradients(static_cast<int>(i)), m->grads[i]);
         }
-        v1::UpwardData again;
+        interlock::UpFrame again;
         wire.EncodeUpward(*m, &again);
       }
     }

@@ -186,10 +186,10 @@ void TensorSeeds(const std::string& dir) {
   m.nonfinite = {false, true};
   m.reports.push_back({1, 0.5, 1, 2});
   m.timings.push_back({1, interlock::Phase::kBackward, 0.01});
-  v1::UpwardData up;
+  interlock::UpFrame up;
   interlock::WireCodec(interlock::Fp32Codec(), interlock::Fp32Codec())
       .EncodeUpward(m, &up);
-  Write(dir, index++, up.SerializeAsString());
+  Write(dir, index++, interlock::ToProto(up).upward().SerializeAsString());
 }
 
 // The codec target's input is a byte choosing the codec (its kChoices:
@@ -218,9 +218,10 @@ void CodecSeeds(const std::string& dir) {
     interlock::UpwardMsg m;
     m.grads = {torch::randn({2, 9}), torch::zeros({2, 9})};
     m.nonfinite = {false, true};
-    v1::UpwardData up;
+    interlock::UpFrame up;
     interlock::WireCodec(interlock::Fp32Codec(), *codec).EncodeUpward(m, &up);
-    Write(dir, index++, pick + up.SerializeAsString());
+    Write(dir, index++,
+          pick + interlock::ToProto(up).upward().SerializeAsString());
   }
 }
 

@@ -1,6 +1,8 @@
 // libFuzzer target: the tensor decoder a worker runs on every tensor it
 // receives, alone (a Tensor message) and inside a gradient list (UpwardData,
-// through the FP32 wire codec).
+// through the FP32 wire codec), the list read as a worker's stream reads
+// it: an UpMessage frame arriving in pieces (services/wire_frame.h), whose
+// fields must be what protobuf parses from the same bytes.
 // Whatever decodes must round-trip bit for bit.
 #include <google/protobuf/stubs/logging.h>
 
@@ -9,6 +11,8 @@
 #include "proto/worker.pb.h"
 #include "services/wire.h"
 #include "services/wire_codec.h"
+#include "services/wire_frame.h"
+#include "tests/fuzz/received.h"
 
 namespace {
 
@@ -49,8 +53,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   {
     interlock::v1::UpwardData up;
-    if (up.ParseFromArray(data, static_cast<int>(size))) {
-      auto m = codec->DecodeUpward(up, limits);
+    const bool parsed = up.ParseFromArray(data, static_cast<int>(size));
+    const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
+    auto frame = interlock::ParseUpFrame(interlock::fuzz::Received(
+        interlock::fuzz::AsField(1, bytes), 1 + size % 61));
+    // The frame parser refuses what protobuf refuses, and reads the same.
+    if (frame.ok() &&
+        (!parsed || interlock::ToProto(*frame).upward().SerializeAsString() !=
+                        up.SerializeAsString())) {
+      __builtin_trap();
+    }
+    if (frame.ok()) {
+      auto m = codec->DecodeUpward(*frame, limits);
       if (m.ok()) {
         if (m->grads.size() != static_cast<size_t>(up.gradients_size())) {
           __builtin_trap();
@@ -58,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (size_t i = 0; i < m->grads.size(); ++i) {
           CheckRoundTrip(up.gradients(static_cast<int>(i)), m->grads[i]);
         }
-        interlock::v1::UpwardData again;
+        interlock::UpFrame again;
         codec->EncodeUpward(*m, &again);
       }
     }

@@ -3,7 +3,9 @@
 // messages from the next block's link, GetState, SaveState and LoadState
 // calls, fed to one WorkerCore in order. Whatever the input, the worker must
 // answer with a status and keep serving: no crash, no sanitizer report, no
-// hang.
+// hang. Stream messages go through the frame parser a worker's stream
+// reads them with (services/wire_frame.h), in pieces of the size the case
+// gives, as they would arrive.
 #include <google/protobuf/stubs/logging.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 
 #include "services/digest.h"
 #include "tests/fuzz/fuzz_case.pb.h"
+#include "tests/fuzz/received.h"
 #include "worker/metrics.h"
 #include "worker/worker_core.h"
 
@@ -24,7 +27,7 @@ namespace v1 = interlock::v1;
 // The incoming stream's upstream end: keeps what the worker sends up.
 class Sink : public interlock::UpstreamSink {
  public:
-  void Send(v1::UpMessage msg) override {
+  void Send(const interlock::UpFrame& msg) override {
     std::lock_guard<std::mutex> l(mu_);
     ++sent_;
   }
@@ -41,7 +44,7 @@ class Sink : public interlock::UpstreamSink {
 
 // The link to block k+1: swallows what goes down, lets the harness answer.
 struct Link : interlock::DownstreamLink {
-  void Send(v1::DownMessage msg) override {}
+  void Send(const interlock::DownFrame& msg) override {}
   void Close() override {}
 };
 
@@ -65,7 +68,7 @@ struct Harness {
   Harness()
       : core(Options(), &metrics,
              [this](const std::string&, int64_t,
-                    std::function<void(v1::UpMessage)> on_message,
+                    std::function<void(interlock::UpFrame)> on_message,
                     std::function<void(absl::Status)> on_done) {
                std::lock_guard<std::mutex> l(mu);
                from_below = std::move(on_message);
@@ -87,7 +90,7 @@ struct Harness {
 
   interlock::WorkerMetrics metrics;
   std::mutex mu;
-  std::function<void(v1::UpMessage)> from_below;
+  std::function<void(interlock::UpFrame)> from_below;
   interlock::WorkerCore core;
 };
 
@@ -165,17 +168,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             [&](auto done) { h->core.Configure(op.configure(), done); });
         break;
       }
-      case interlock::fuzz::Op::kDown:
-        h->core.OnDown(sink, op.down());
+      case interlock::fuzz::Op::kDown: {
+        auto frame = interlock::ParseDownFrame(
+            interlock::fuzz::Received(op.down().SerializeAsString(), ops * 7));
+        // Unknown groups kept from the input are refused; nothing else.
+        if (frame.ok()) h->core.OnDown(sink, *std::move(frame));
         h->Drain();
         break;
+      }
       case interlock::fuzz::Op::kUp: {
-        std::function<void(v1::UpMessage)> deliver;
+        std::function<void(interlock::UpFrame)> deliver;
         {
           std::lock_guard<std::mutex> l(h->mu);
           deliver = h->from_below;
         }
-        if (deliver) deliver(op.up());
+        auto frame = interlock::ParseUpFrame(
+            interlock::fuzz::Received(op.up().SerializeAsString(), ops * 5));
+        if (deliver && frame.ok()) deliver(*std::move(frame));
         h->Drain();
         break;
       }
