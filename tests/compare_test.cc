@@ -474,8 +474,8 @@ TEST(CompareSeeds, MeanAndSampleDeviation) {
 
 // A finished run of `mode` with `seed`: final accuracy, aux accuracy (not
 // for E2E) and virtual step time as given.
-ModeReport Run(const std::string& mode, int64_t seed, double accuracy,
-               double aux, double step_virtual) {
+ModeReport FinishedRun(const std::string& mode, int64_t seed, double accuracy,
+                       double aux, double step_virtual) {
   ModeReport r;
   r.mode = (*ParseModes(mode, 2))[0];
   r.seed = seed;
@@ -494,14 +494,19 @@ ModeReport Run(const std::string& mode, int64_t seed, double accuracy,
   h->set_block(1);
   h->set_head("final");
   h->set_accuracy(accuracy);
+  for (auto& head : *r.summary.mutable_eval()) {
+    head.set_perplexity(std::nan(""));  // an image model
+  }
   return r;
 }
 
 TEST(CompareSeeds, AggregatesEachModeOverItsSeeds) {
-  std::vector<ModeReport> runs = {
-      Run("e2e", 1, 0.80, 0, 1.0),  Run("e2e", 2, 0.85, 0, 2.0),
-      Run("e2e", 3, 0.90, 0, 3.0),  Run("2", 1, 0.70, 0.60, 0.5),
-      Run("2", 2, 0.74, 0.64, 0.5), Run("2", 3, 0.0, 0.0, 9.0)};
+  std::vector<ModeReport> runs = {FinishedRun("e2e", 1, 0.80, 0, 1.0),
+                                  FinishedRun("e2e", 2, 0.85, 0, 2.0),
+                                  FinishedRun("e2e", 3, 0.90, 0, 3.0),
+                                  FinishedRun("2", 1, 0.70, 0.60, 0.5),
+                                  FinishedRun("2", 2, 0.74, 0.64, 0.5),
+                                  FinishedRun("2", 3, 0.0, 0.0, 9.0)};
   runs.back().status = absl::InternalError("failed");  // left out
   EXPECT_EQ(runs[1].Label(), "e2e seed 2");
   EXPECT_EQ(runs[1].GroupLabel(), "e2e");
@@ -597,7 +602,7 @@ TEST(CompareSeeds, RunsEveryModePerSeed) {
   EXPECT_EQ(s2->seed(), 2);
   const std::string gp = ReadFile(out + "/plots.gp");
   EXPECT_NE(gp.find("lt 2 dt 2 notitle"), std::string::npos) << gp;
-  EXPECT_NE(gp.find("title \"2-way furthest (seeds)\""), std::string::npos);
+  EXPECT_NE(gp.find("2-way furthest (seeds)"), std::string::npos);
   ExpectPng(out + "/metric_steps.png");
   auto both =
       CompareTiny("--modes e2e --seed 3 --seeds 1,2 --steps 1", out + "-both");
