@@ -82,13 +82,30 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir,
   };
   std::vector<std::string> eval_lines, wall_lines, step_lines;
   std::vector<std::vector<std::string>> loss_lines(blocks);
+  // One colour per mode in every picture; with --seeds, the seeds of a mode
+  // share its colour, each with its own dash, and one title.
+  std::vector<std::string> groups;
+  std::vector<int> seen;  // plotted runs per group
   for (size_t i = 0; i < runs.size(); ++i) {
     const ModeReport& r = runs[i];
+    size_t g = 0;
+    while (g < groups.size() && groups[g] != r.GroupLabel()) ++g;
+    if (g == groups.size()) {
+      groups.push_back(r.GroupLabel());
+      seen.push_back(0);
+    }
     if (!r.status.ok()) continue;
     const std::string name = r.Dir();
-    // One colour per mode in every picture.
-    const std::string style =
-        absl::StrFormat("lt %d title %s", i + 1, GnuplotQuote(r.Label()));
+    std::string style;
+    if (r.seed < 0) {
+      style = absl::StrFormat("lt %d title %s", g + 1, GnuplotQuote(r.Label()));
+    } else {
+      style = absl::StrFormat(
+          "lt %d dt %d %s", g + 1, seen[g] + 1,
+          seen[g] == 0 ? "title " + GnuplotQuote(r.GroupLabel() + " (seeds)")
+                       : std::string("notitle"));
+    }
+    ++seen[g];
     const std::string eval_file = absl::StrCat("plots/", name, ".eval.dat");
     std::string ev = absl::StrCat("# step wall_seconds virtual_seconds ",
                                   text ? "perplexity" : "accuracy_percent",
@@ -215,14 +232,92 @@ std::string Seconds(double s) { return absl::StrFormat("%.2f", s); }
 
 }  // namespace
 
-std::string ModeReport::Label() const {
+std::string ModeReport::GroupLabel() const {
   return wire.empty() ? mode.Label() : absl::StrCat(mode.Label(), "/", wire);
 }
 
+std::string ModeReport::Label() const {
+  return seed < 0 ? GroupLabel() : absl::StrCat(GroupLabel(), " seed ", seed);
+}
+
 std::string ModeReport::Dir() const {
-  return wire.empty() ? mode.Dir()
-                      : absl::StrCat(mode.Dir(), "-",
-                                     absl::StrReplaceAll(wire, {{":", "_"}}));
+  std::string dir = wire.empty()
+                        ? mode.Dir()
+                        : absl::StrCat(mode.Dir(), "-",
+                                       absl::StrReplaceAll(wire, {{":", "_"}}));
+  if (seed >= 0) absl::StrAppend(&dir, "-seed", seed);
+  return dir;
+}
+
+MeanSd MeanAndSd(const std::vector<double>& values) {
+  MeanSd out;
+  double sum = 0;
+  for (double v : values) {
+    if (!std::isfinite(v)) continue;
+    sum += v;
+    ++out.n;
+  }
+  if (out.n == 0) return MeanSd{kNaN, kNaN, 0};
+  out.mean = sum / out.n;
+  if (out.n < 2) {
+    out.sd = kNaN;
+    return out;
+  }
+  double squares = 0;
+  for (double v : values) {
+    if (std::isfinite(v)) squares += (v - out.mean) * (v - out.mean);
+  }
+  out.sd = std::sqrt(squares / (out.n - 1));
+  return out;
+}
+
+std::vector<SeedAggregate> AggregateSeeds(const std::vector<ModeReport>& runs,
+                                          int blocks, bool text) {
+  struct Values {
+    std::vector<double> steps, wall, virt, util;
+    std::vector<std::vector<double>> metric;
+  };
+  std::vector<SeedAggregate> out;
+  std::vector<Values> values;
+  for (const ModeReport& r : runs) {
+    size_t g = 0;
+    while (g < out.size() && out[g].label != r.GroupLabel()) ++g;
+    if (g == out.size()) {
+      out.emplace_back().label = r.GroupLabel();
+      values.emplace_back().metric.resize(blocks);
+    }
+    if (!r.status.ok()) continue;
+    const RunSummary& s = r.summary;
+    Values& v = values[g];
+    ++out[g].runs;
+    v.steps.push_back(s.steps());
+    v.wall.push_back(s.mean_step_seconds().wall());
+    v.virt.push_back(s.mean_step_seconds().virtual_());
+    v.util.push_back(100.0 * s.utilisation());
+    for (const HeadMetrics& h : s.eval()) {
+      if (h.block() >= 0 && h.block() < blocks) {
+        v.metric[h.block()].push_back(Metric(h, text));
+      }
+    }
+  }
+  for (size_t g = 0; g < out.size(); ++g) {
+    out[g].steps = MeanAndSd(values[g].steps);
+    out[g].step_wall = MeanAndSd(values[g].wall);
+    out[g].step_virtual = MeanAndSd(values[g].virt);
+    out[g].utilisation = MeanAndSd(values[g].util);
+    for (const auto& m : values[g].metric) {
+      out[g].metric.push_back(MeanAndSd(m));
+    }
+  }
+  return out;
+}
+
+std::string FormatMeanSd(const MeanSd& m, bool percent, int decimals) {
+  if (m.n == 0) return "-";
+  const char* unit = percent ? "%" : "";
+  const std::string sd =
+      m.n < 2 ? "-" : absl::StrFormat("%.*f", decimals, m.sd);
+  return absl::StrFormat("%.*f%s ± %s", decimals, m.mean, unit, sd);
 }
 
 absl::Status ReadModeFiles(ModeReport& report) {
@@ -270,15 +365,26 @@ absl::Status WriteReport(const std::string& dir, const ReportHeader& header,
   const bool text = IsText(runs);
   const int blocks = header.blocks;
   std::string md = absl::StrCat("# Compare: ", header.name, "\n\n");
-  absl::StrAppend(&md, "* Date: ",
-                  absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(),
-                                   absl::UTCTimeZone()),
-                  "\n", "* Command: `", header.command_line, "`\n",
-                  "* Config: `", header.config_path, "` (", header.name,
-                  ": K = ", blocks, " blocks, batch ", header.batch_size,
-                  ", micro-batches per step M = ", header.microbatches,
-                  ", seed ", header.seed,
-                  "; every mode sees the same data order)\n");
+  absl::StrAppend(
+      &md, "* Date: ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(),
+                       absl::UTCTimeZone()),
+      "\n", "* Command: `", header.command_line, "`\n", "* Config: `",
+      header.config_path, "` (", header.name, ": K = ", blocks,
+      " blocks, batch ", header.batch_size,
+      ", micro-batches per step M = ", header.microbatches,
+      header.seeds.empty()
+          ? absl::StrCat(", seed ", header.seed,
+                         "; every mode sees the same data order)")
+          : absl::StrCat(", seeds ", absl::StrJoin(header.seeds, ", "),
+                         ": every mode runs once per seed; the "
+                         "runs of a seed see the same data "
+                         "order)"),
+      "\n");
+  if (!header.partition.empty()) {
+    absl::StrAppend(&md, "* Partition (units per block): ", header.partition,
+                    "\n");
+  }
   absl::StrAppend(&md, "* Engine: ", header.engine, "\n");
   if (!header.wire.empty()) {
     absl::StrAppend(&md, "* Wire codecs: ", header.wire, "\n");
@@ -344,6 +450,38 @@ absl::Status WriteReport(const std::string& dir, const ReportHeader& header,
   absl::StrAppend(&md,
                   "\nStep times are means after the first step. E2E has no "
                   "auxiliary heads (-).\n");
+  if (!header.seeds.empty()) {
+    absl::StrAppend(
+        &md,
+        "\n## Over seeds\n\nMean ± sample standard deviation over the "
+        "seeds ",
+        absl::StrJoin(header.seeds, ", "),
+        " of each mode's finished runs (runs: how many finished; one run "
+        "has no deviation, -).\n\n");
+    std::vector<std::string> agg_columns = {
+        "mode",       "runs", "steps", "step wall (s)", "step virtual (s)",
+        "utilisation"};
+    for (int k = 0; k < blocks; ++k) {
+      agg_columns.push_back(columns[columns.size() - blocks + k]);
+    }
+    absl::StrAppend(&md, "| ", absl::StrJoin(agg_columns, " | "), " |\n|");
+    for (size_t i = 0; i < agg_columns.size(); ++i) {
+      absl::StrAppend(&md, i == 0 ? "---|" : "---:|");
+    }
+    absl::StrAppend(&md, "\n");
+    for (const SeedAggregate& a : AggregateSeeds(runs, blocks, text)) {
+      std::vector<std::string> row = {a.label,
+                                      absl::StrCat(a.runs),
+                                      FormatMeanSd(a.steps, false, 1),
+                                      FormatMeanSd(a.step_wall, false, 4),
+                                      FormatMeanSd(a.step_virtual, false, 4),
+                                      FormatMeanSd(a.utilisation, true, 1)};
+      for (const MeanSd& m : a.metric) {
+        row.push_back(FormatMeanSd(m, !text, text ? 3 : 2));
+      }
+      absl::StrAppend(&md, "| ", absl::StrJoin(row, " | "), " |\n");
+    }
+  }
   if (!failures.empty()) {
     absl::StrAppend(&md, "\n## Failures\n\n", absl::StrJoin(failures, "\n"),
                     "\n");

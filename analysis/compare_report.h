@@ -22,6 +22,9 @@ struct ModeReport {
   ModeSpec mode;
   // `compare --wire` entry ("bf16", "bf16:int8"); empty without --wire.
   std::string wire;
+  // `compare --seeds` entry; -1 without --seeds (the run's seed is then the
+  // comparison's one).
+  int64_t seed = -1;
   std::string dir;  // the run's --out folder
   bool tried = false;
   // OK once the run finished and its files were read.
@@ -29,13 +32,44 @@ struct ModeReport {
   interlock::v1::RunSummary summary;
   std::vector<interlock::v1::EvalLine> evals;  // eval.jsonl
 
-  // The row's name: the mode's label, "/" and the codecs with --wire
-  // ("2-way furthest/bf16").
+  // The row's name: the mode's label, "/" and the codecs with --wire, and
+  // the seed with --seeds ("2-way furthest/bf16 seed 2").
   std::string Label() const;
+  // The label without the seed: what the runs of one mode over the seeds
+  // share.
+  std::string GroupLabel() const;
   // Its folder under the comparison's: the mode's, "-" and the codecs
-  // with --wire ("2way-bf16", "2way-bf16_int8").
+  // with --wire, "-seedS" with --seeds ("2way-bf16", "2way-bf16_int8",
+  // "2way-seed3").
   std::string Dir() const;
 };
+
+// Mean and sample standard deviation (n - 1 in the denominator) of the
+// finite values; sd is NaN below two values, mean NaN for none.
+struct MeanSd {
+  double mean = 0.0;
+  double sd = 0.0;
+  int n = 0;
+};
+MeanSd MeanAndSd(const std::vector<double>& values);
+
+// The finished runs of one mode (a GroupLabel) over the seeds.
+struct SeedAggregate {
+  std::string label;  // GroupLabel
+  int runs = 0;       // finished runs aggregated
+  MeanSd steps, step_wall, step_virtual, utilisation;
+  // Per block: its head's final test metric as tabulated (accuracy in %,
+  // or perplexity); n = 0 where the block has no head.
+  std::vector<MeanSd> metric;
+};
+
+// Groups the finished runs by GroupLabel, in order of first appearance.
+std::vector<SeedAggregate> AggregateSeeds(const std::vector<ModeReport>& runs,
+                                          int blocks, bool text);
+
+// "85.00% ± 1.23" (accuracy) or "6.512 ± 0.041" (perplexity); "-" for no
+// value, "± -" for one.
+std::string FormatMeanSd(const MeanSd& m, bool percent, int decimals);
 
 // Reads the summary and evaluations of a finished run from report.dir; the
 // status says what could not be read.
@@ -50,10 +84,13 @@ struct ReportHeader {
   int batch_size = 0;
   int microbatches = 0;
   uint64_t seed = 0;
-  std::string engine;   // how the modes ran
-  std::string wire;     // which codecs the links used (empty: not said)
-  std::string limit;    // steps and budgets
-  std::string cadence;  // of evaluations
+  // `compare --seeds`: every mode ran once per seed (empty: `seed` only).
+  std::vector<int64_t> seeds;
+  std::string partition;  // the model's units per block (empty: not said)
+  std::string engine;     // how the modes ran
+  std::string wire;       // which codecs the links used (empty: not said)
+  std::string limit;      // steps and budgets
+  std::string cadence;    // of evaluations
   LinkModel link;
 };
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "analysis/partition.h"
 #include "analysis/replica_routes.h"
 #include "analysis/run_files.h"
 #include "services/status_macros.h"
@@ -53,6 +54,19 @@ absl::StatusOr<std::vector<int64_t>> Counts(
     out.push_back(static_cast<int64_t>(std::llround(d)));
   }
   return out;
+}
+
+// Optional per-block counts (replicas, units): absent, or one >= 1 each.
+absl::StatusOr<std::vector<int>> BlockCounts(
+    const std::string& where, const std::string& key,
+    const google::protobuf::RepeatedField<int32_t>& values, int blocks) {
+  if (values.empty()) return std::vector<int>{};
+  if (values.size() != blocks ||
+      std::any_of(values.begin(), values.end(), [](int c) { return c < 1; })) {
+    return Wrong(where, key,
+                 absl::StrCat("an array of ", blocks, " integers >= 1"));
+  }
+  return std::vector<int>(values.begin(), values.end());
 }
 
 double Sum(const std::vector<double>& v) {
@@ -218,20 +232,15 @@ absl::StatusOr<Profile> LoadProfile(const std::string& path) {
       p.parameters.push_back(std::llround(n));
     }
   }
-  if (f.replicas_size() > 0) {
-    if (f.replicas_size() != p.blocks ||
-        std::any_of(f.replicas().begin(), f.replicas().end(),
-                    [](int r) { return r < 1; })) {
-      return Wrong(file, "replicas",
-                   absl::StrCat("an array of ", p.blocks, " integers >= 1"));
-    }
-    p.replicas.assign(f.replicas().begin(), f.replicas().end());
-  }
+  ASSIGN_OR_RETURN(p.replicas,
+                   BlockCounts(file, "replicas", f.replicas(), p.blocks));
   if (f.reduction() != "" && f.reduction() != "ordered" &&
       f.reduction() != "ring") {
     return Wrong(file, "reduction", "\"ordered\" or \"ring\"");
   }
   p.ring_reduction = f.reduction() == "ring";
+  ASSIGN_OR_RETURN(p.partition,
+                   BlockCounts(file, "partition", f.partition(), p.blocks));
   if (!f.has_step_seconds()) return Missing(file, "step_seconds");
   const std::string step = file + ": step_seconds";
   ASSIGN_OR_RETURN(p.step_wall, Cost(step, "wall", f.step_seconds().has_wall(),
@@ -381,6 +390,30 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
   }
   auto loaded = LoadProfile(o.profile);
   if (!loaded.ok()) return fail(std::string(loaded.status().message()), 1);
+  // A unit profile is cut as --partition says or, for another K, balanced;
+  // the cut's blocks are then "measured".
+  std::string cut;
+  const int measured_blocks = loaded->blocks;
+  const bool unit_profile = UnitCostsOf(*loaded).ok();
+  if (!o.partition.empty() ||
+      (unit_profile && o.blocks > 0 && o.blocks != loaded->blocks)) {
+    auto costs = UnitCostsOf(*loaded);
+    if (!costs.ok()) {
+      return fail(absl::StrCat("--partition: ", costs.status().message()), 1);
+    }
+    auto counts = o.partition.empty()
+                      ? BalancedPartition(*costs, o.blocks)
+                      : ParsePartition(o.partition, loaded->blocks, o.blocks);
+    if (!counts.ok()) {
+      return fail(
+          absl::StrCat(o.partition.empty() ? "--blocks: " : "--partition: ",
+                       counts.status().message()),
+          2);
+    }
+    cut = absl::StrCat(o.partition.empty() ? "the balanced cut " : "the cut ",
+                       PartitionString(*counts), " of the profile's units");
+    *loaded = CutProfile(*loaded, *counts);
+  }
   const Profile& p = *loaded;
   const int k = o.blocks > 0 ? o.blocks : p.blocks;
   const int m = o.microbatches > 0 ? o.microbatches : p.microbatches;
@@ -420,14 +453,17 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
   out << absl::StrFormat(
       "Profile %s: K=%d, M=%d, batch %d, %s, wire %s; measured step %.4f s "
       "wall, %.4f s virtual\n",
-      p.path, p.blocks, p.microbatches, p.batch_size, p.mode.Label(), p.wire,
-      p.step_wall, p.step_virtual);
+      p.path, measured_blocks, p.microbatches, p.batch_size, p.mode.Label(),
+      p.wire, p.step_wall, p.step_virtual);
   out << absl::StrFormat(
       "Predicted for K=%d (%s), M=%d, link %.0f us + bytes / %.3g B/s; an "
       "input-gradient-only pass costs what the profile measured, or %.1f of "
       "the parameter pass where it ran none\n",
-      k, k == p.blocks ? "measured block costs" : "blocks of equal cost", m,
-      link.latency_seconds * 1e6, link.bytes_per_second, kInputOnlyShare);
+      k,
+      !cut.empty()    ? cut
+      : k == p.blocks ? "measured block costs"
+                      : "blocks of equal cost",
+      m, link.latency_seconds * 1e6, link.bytes_per_second, kInputOnlyShare);
   if (replicated) {
     out << absl::StrFormat(
         "Replicas %s, reduction %s: a block's replicas split its "

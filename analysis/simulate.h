@@ -77,6 +77,9 @@ struct Profile {
   // profiles): a reduction then costs only its latency.
   std::vector<int64_t> parameters;
   std::vector<int> replicas;  // the run's (empty: one each)
+  // Units per block of the run (empty in older profiles); all ones in a
+  // unit profile (analysis/partition.h).
+  std::vector<int> partition;
   bool ring_reduction = false;
   double step_wall = 0.0;
   double step_virtual = 0.0;
@@ -130,6 +133,9 @@ struct SimulateOptions {
   // checked against K and M.
   std::vector<int> replicas;
   std::string reduction;  // "ordered", "ring" or empty (the profile's)
+  // A cut such as "3,2,2,rest" of a unit profile's units to predict for
+  // (empty: the profile's own blocks).
+  std::string partition;
   bool sweep = false;
 };
 

@@ -106,6 +106,7 @@ absl::Status WriteProfile(const PipelineSim& sim, const RunInfo& info,
     for (int r : sh.replicas) p.add_replicas(r);
   }
   p.set_reduction(sh.ring_reduction ? "ring" : "ordered");
+  for (int c : info.partition) p.add_partition(c);
   p.mutable_step_seconds()->set_wall(info.mean_step_wall);
   p.mutable_step_seconds()->set_virtual_(info.mean_step_virtual);
   return WriteProfileFile(path, p);

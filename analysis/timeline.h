@@ -19,7 +19,8 @@ struct RunInfo {
   int n = 1;
   bool sum_rule = false;
   int batch_size = 0;
-  std::string wire;  // RunProfile.wire
+  std::string wire;            // RunProfile.wire
+  std::vector<int> partition;  // units per block (empty: not known)
   int64_t steps = 0;
   double mean_step_wall = 0.0;
   double mean_step_virtual = 0.0;

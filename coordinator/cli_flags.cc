@@ -37,7 +37,7 @@ ABSL_FLAG(std::string, schedule, "sequential",
           "thread per block)");
 ABSL_FLAG(std::string, out, "",
           "folder for metrics.jsonl, eval.jsonl and "
-          "summary.json");
+          "summary.json; partition: keeps the profiling run in DIR/units");
 ABSL_FLAG(bool, dump_params, false, "print every parameter as JSON at the end");
 ABSL_FLAG(bool, quiet, false, "no progress output");
 #ifdef INTERLOCK_COORDINATOR_BINARY
@@ -94,15 +94,24 @@ ABSL_FLAG(double, link_bandwidth, 4.4e8,
 ABSL_FLAG(std::string, modes, "",
           "compare: modes to run, e.g. e2e,1,2,2sum (N: N-way FURTHEST, Nsum: "
           "N-way SUM)");
+ABSL_FLAG(std::string, seeds, "",
+          "compare: run every mode once per seed, e.g. 1,2,3; the report "
+          "gives each mode's mean and standard deviation over them");
 ABSL_FLAG(std::string, wire, "",
           "wire codecs (the config's wire): train: one of fp32, bf16, fp16, "
           "int8, or ACTIVATIONS:GRADIENTS such as bf16:int8; compare: a "
           "list of them, each run with every mode of --modes");
 ABSL_FLAG(std::string, profile, "",
-          "simulate: a run's --out folder (its profile.json) or the file");
+          "simulate: a run's --out folder (its profile.json) or the file; "
+          "partition: a unit profile (DIR/units of an earlier `interlock "
+          "partition --out DIR`) to cut from instead of measuring");
 ABSL_FLAG(int, blocks, 0,
           "simulate: blocks K to predict for (0: the profile's); another K "
-          "than measured cuts the model into K blocks of equal cost");
+          "than measured cuts the model into K blocks of equal cost (a unit "
+          "profile: the balanced cut); partition: K, the blocks to cut into");
+ABSL_FLAG(std::string, partition, "",
+          "simulate: a cut such as 3,2,2,rest of a unit profile's units to "
+          "predict for");
 ABSL_FLAG(int, microbatches, 0,
           "simulate: micro-batches per step (0: the profile's)");
 ABSL_FLAG(std::string, reduction, "",
@@ -159,13 +168,15 @@ const char kUsage[] =
     "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
     "[--wire fp32,bf16,int8,...] [--budget-virtual T | --budget T | --steps N] "
     "--out DIR "
-    "[--engine inprocess|cluster] [--device D] [--seed S] "
+    "[--engine inprocess|cluster] [--device D] [--seed S | --seeds 1,2,3] "
     "[--threads-per-block T] [--replicas 2,1,...]\n"
     "  interlock simulate --profile DIR [--blocks K] [--n N|e2e] "
     "[--rule furthest|sum] [--microbatches M] [--link-bandwidth B] "
     "[--link-latency T] [--replicas 2,1,...] [--reduction ordered|ring] "
-    "[--sweep] (an input-gradient-only pass the profile "
-    "did not measure counts 0.5 of the parameter backward pass)";
+    "[--partition 3,2,2,rest] [--sweep] (an input-gradient-only pass the "
+    "profile did not measure counts 0.5 of the parameter backward pass)\n"
+    "  interlock partition --config FILE --blocks K [--profile DIR] "
+    "[--out DIR] [--link-latency T] [--link-bandwidth B]";
 
 int Fail(const std::string& message, int code) {
   std::cerr << "interlock: error: " << message << "\n";

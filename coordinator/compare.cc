@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -13,6 +14,7 @@
 #include "absl/time/time.h"
 #include "analysis/compare_report.h"
 #include "analysis/simulate.h"
+#include "coordinator/partition.h"
 #include "services/config.h"
 #include "services/data.h"
 #include "services/models.h"
@@ -34,6 +36,7 @@ struct Variant {
   ModeSpec mode;
   v1::WireSpec wire;
   std::string wire_name;  // as --wire named it; empty without --wire
+  int64_t seed = -1;      // from --seeds; -1 without
 };
 
 RunConfig ConfigFor(const RunConfig& base, const Variant& v,
@@ -49,7 +52,11 @@ RunConfig ConfigFor(const RunConfig& base, const Variant& v,
     t->set_rule(mode.sum ? TrainingSpec::SUM : TrainingSpec::FURTHEST);
   }
   if (o.steps >= 0) t->set_steps(o.steps);
-  if (o.seed >= 0) t->set_seed(o.seed);
+  if (v.seed >= 0) {
+    t->set_seed(v.seed);
+  } else if (o.seed >= 0) {
+    t->set_seed(o.seed);
+  }
   if (o.threads_per_block > 0) t->set_threads_per_block(o.threads_per_block);
   t->set_eval_every_steps(eval_every);
   return c;
@@ -210,6 +217,24 @@ std::string LimitText(const CompareOptions& o, const RunConfig& config) {
 
 }  // namespace
 
+absl::StatusOr<std::vector<int64_t>> ParseSeeds(absl::string_view list) {
+  std::vector<int64_t> out;
+  for (absl::string_view entry : absl::StrSplit(list, ',')) {
+    int64_t seed = 0;
+    if (!absl::SimpleAtoi(entry, &seed) || seed < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--seeds: '", entry, "' in '", list,
+                       "' is not a seed (an integer >= 0), e.g. 1,2,3"));
+    }
+    if (std::find(out.begin(), out.end(), seed) != out.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--seeds: ", seed, " is listed twice"));
+    }
+    out.push_back(seed);
+  }
+  return out;
+}
+
 int CompareMain(const CompareOptions& o) {
   std::ostream& log = *o.train.output.log;
   auto fail = [&log](absl::string_view message, int code) {
@@ -250,16 +275,37 @@ int CompareMain(const CompareOptions& o) {
     }
     wires.push_back(w);
   }
+  std::vector<int64_t> seed_list;
+  if (!o.seeds.empty()) {
+    if (o.seed >= 0)
+      return fail("--seeds: give --seed or --seeds, not both", 2);
+    auto parsed = ParseSeeds(o.seeds);
+    if (!parsed.ok()) return fail(parsed.status().message(), 2);
+    seed_list = *std::move(parsed);
+  }
+  // Each of those once per seed of --seeds, the seeds of a variant together.
+  const std::vector<int64_t> seeds =
+      seed_list.empty() ? std::vector<int64_t>{-1} : seed_list;
   for (const ModeSpec& mode : *modes) {
-    if (wires.empty()) variants.push_back({mode, config.wire(), ""});
+    for (int64_t seed : seeds) {
+      if (wires.empty()) variants.push_back({mode, config.wire(), "", seed});
+    }
     for (size_t i = 0; i < wires.size(); ++i) {
-      variants.push_back({mode, wires[i], WireName(wires[i])});
+      for (int64_t seed : seeds) {
+        variants.push_back({mode, wires[i], WireName(wires[i]), seed});
+      }
     }
   }
   // One compare per folder: its runs' folders are locked by Train, the
   // report and plots by this.
   auto lock = FolderLock::Acquire(o.out_dir, "--out");
   if (!lock.ok()) return fail(lock.status().message(), 1);
+  // A balanced cut is chosen once, so that every mode trains the same blocks.
+  const bool auto_partition = config.model().partition() == kAutoPartition;
+  if (auto st = ResolveAutoPartition(config, o.out_dir + "/units", log);
+      !st.ok()) {
+    return fail(st.message(), 1);
+  }
 
   // Evaluation cadence: the config's, else about kEvalPoints per run.
   std::vector<int64_t> every(variants.size(),
@@ -287,6 +333,7 @@ int CompareMain(const CompareOptions& o) {
     ModeReport r;
     r.mode = v.mode;
     r.wire = v.wire_name;
+    r.seed = v.seed;
     r.dir = o.out_dir + "/" + r.Dir();
     runs.push_back(std::move(r));
   }
@@ -335,7 +382,14 @@ int CompareMain(const CompareOptions& o) {
   header.microbatches = config.training().microbatches();
   header.seed =
       o.seed >= 0 ? static_cast<uint64_t>(o.seed) : config.training().seed();
+  header.seeds = seed_list;
   header.engine = EngineText(o.train);
+  if (!config.model().partition().empty()) {
+    header.partition = absl::StrCat(
+        "\"", config.model().partition(), "\"",
+        auto_partition ? " (\"auto\": balanced on the unit costs in units/)"
+                       : "");
+  }
   header.wire =
       wires.empty()
           ? absl::StrCat(WireName(config.wire()), " (the config's)")

@@ -1,5 +1,5 @@
-// interlock: the command-line front end, the commands train, compare and
-// simulate (interlock-coordinator: train only). The flags are in
+// interlock: the command-line front end, the commands train, compare,
+// simulate and partition (interlock-coordinator: train only). The flags are in
 // cli_flags.cc; everything else is in the RunConfig file (configs/*.pbtxt).
 #include <signal.h>
 
@@ -21,6 +21,7 @@
 #include "coordinator/cli_flags.h"
 #include "coordinator/compare.h"
 #include "coordinator/local_cluster.h"
+#include "coordinator/partition.h"
 #include "coordinator/train.h"
 #include "services/config.h"
 #include "services/runtime.h"
@@ -199,6 +200,10 @@ int RunCompare() {
   o.out_dir = absl::GetFlag(FLAGS_out);
   o.steps = absl::GetFlag(FLAGS_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.seeds = absl::GetFlag(FLAGS_seeds);
+  if (Given(FLAGS_seeds) && o.seeds.empty()) {
+    return Fail("--seeds: empty; give seeds such as 1,2,3", 2);
+  }
   o.threads_per_block = absl::GetFlag(FLAGS_threads_per_block);
   o.command_line = g_command_line;
   o.interrupted = &g_interrupted;
@@ -262,7 +267,33 @@ int RunSimulate() {
     o.replicas = *std::move(counts);
   }
   o.reduction = absl::AsciiStrToLower(absl::GetFlag(FLAGS_reduction));
+  o.partition = absl::GetFlag(FLAGS_partition);
   return interlock::SimulateMain(o, std::cout, std::cerr);
+}
+
+// `interlock partition`: the balanced cut into --blocks blocks.
+int RunPartition() {
+  interlock::PartitionCommand c;
+  c.config_path = absl::GetFlag(FLAGS_config);
+  c.blocks = absl::GetFlag(FLAGS_blocks);
+  if (!Given(FLAGS_blocks)) {
+    return Fail("partition: --blocks is required (K, the blocks to cut into)",
+                2);
+  }
+  c.profile = absl::GetFlag(FLAGS_profile);
+  c.out_dir = absl::GetFlag(FLAGS_out);
+  c.link.latency_seconds =
+      absl::ToDoubleSeconds(absl::GetFlag(FLAGS_link_latency));
+  c.link.bytes_per_second = absl::GetFlag(FLAGS_link_bandwidth);
+  if (!(std::isfinite(c.link.latency_seconds) && c.link.latency_seconds >= 0) ||
+      !(std::isfinite(c.link.bytes_per_second) &&
+        c.link.bytes_per_second > 0)) {
+    return Fail(
+        "--link-latency and --link-bandwidth: must be finite, the latency "
+        ">= 0 and the bandwidth > 0",
+        2);
+  }
+  return interlock::PartitionMain(c, std::cout, std::cerr);
 }
 #endif  // INTERLOCK_COORDINATOR_BINARY
 
@@ -296,6 +327,7 @@ int main(int argc, char** argv) {
   if (command == "train") return RunTrain();
   if (command == "compare") return RunCompare();
   if (command == "simulate") return RunSimulate();
+  if (command == "partition") return RunPartition();
 #endif
 #ifndef INTERLOCK_COORDINATOR_BINARY
   return Fail(absl::StrCat("unknown command '", command, "'; usage: ", kUsage),

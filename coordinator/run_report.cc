@@ -5,6 +5,7 @@
 #include "analysis/run_files.h"
 #include "analysis/timeline.h"
 #include "services/digest.h"
+#include "services/models.h"
 #include "services/status_macros.h"
 #include "services/wire_codec.h"
 
@@ -174,6 +175,11 @@ absl::Status WriteRunFiles(const v1::RunConfig& config, const TrainResult& r,
   info.sum_rule = t.rule() == v1::TrainingSpec::SUM;
   info.batch_size = t.batch_size();
   info.wire = WireName(config.wire());
+  if (auto units = NumUnits(config.model()); units.ok()) {
+    auto counts = ParsePartition(config.model().partition(), *units,
+                                 config.model().blocks());
+    if (counts.ok()) info.partition = *std::move(counts);
+  }
   info.steps = r.steps - clock.base();
   info.mean_step_wall = r.mean_step_wall;
   info.mean_step_virtual = r.mean_step_virtual;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/engine_factory.h"
 #include "coordinator/evaluation.h"
+#include "coordinator/partition.h"
 #include "coordinator/progress.h"
 #include "coordinator/run_recovery.h"
 #include "coordinator/run_report.h"
@@ -354,6 +355,10 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
     ASSIGN_OR_RETURN(auto lock, FolderLock::Acquire(ckpt, "--checkpoint-dir"));
     locks.push_back(std::move(lock));
   }
+  // A balanced cut is measured inside the run's folder (OUT/units), which
+  // is locked by now.
+  RETURN_IF_ERROR(ResolveAutoPartition(
+      config, out.empty() ? "" : out + "/units", *options.output.log));
   const int64_t context = config.model().has_transformer()
                               ? config.model().transformer().context()
                               : 1;

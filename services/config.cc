@@ -268,8 +268,12 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
       shape.classes = 10;
   }
   if (!c.model().has_scale()) {
+    // "auto" is cut later, from measured costs; any cut into K blocks checks
+    // that K fits the model and that the head fits every cut.
+    interlock::v1::ModelSpec model = c.model();
+    if (model.partition() == kAutoPartition) model.clear_partition();
     auto built =
-        BuildModel(c.model(), shape, t.mode() != TrainingSpec::E2E && k > 1, 0);
+        BuildModel(model, shape, t.mode() != TrainingSpec::E2E && k > 1, 0);
     if (!built.ok()) return built.status();
   }
   return absl::OkStatus();

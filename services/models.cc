@@ -175,69 +175,16 @@ std::mutex& InitMutex() {
 
 }  // namespace
 
-absl::StatusOr<std::vector<int>> ParsePartition(const std::string& partition,
-                                                int units, int blocks) {
-  std::vector<int> counts;
-  if (partition.empty()) {
-    if (blocks <= 0) {
-      return absl::InvalidArgumentError(
-          "model.partition: empty and model.blocks not set; give one of them");
-    }
-    if (blocks > units) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.blocks: ", blocks,
-                       " blocks but the model has only ", units, " units"));
-    }
-    for (int k = 0; k < blocks; ++k) {
-      counts.push_back((k + 1) * units / blocks - k * units / blocks);
-    }
-    return counts;
-  }
-  std::vector<std::string> parts = absl::StrSplit(partition, ',');
-  int used = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const std::string& p = parts[i];
-    if (p == "rest") {
-      if (i + 1 != parts.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model.partition: 'rest' may only be last in '", partition, "'"));
-      }
-      if (units - used <= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("model.partition: '", partition,
-                         "' leaves no unit for 'rest' (the "
-                         "model has ",
-                         units, " units)"));
-      }
-      counts.push_back(units - used);
-      used = units;
-      continue;
-    }
-    int v;
-    if (!absl::SimpleAtoi(p, &v) || v <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.partition: '", p, "' in '", partition,
-                       "' is not a positive integer or 'rest'"));
-    }
-    counts.push_back(v);
-    used += v;
-  }
-  if (used != units) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.partition: '", partition, "' covers ", used,
-        " units but the model has ", units,
-        " (stem/embedding + residual blocks/layers + classifier)"));
-  }
-  if (blocks > 0 && static_cast<int>(counts.size()) != blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.partition: '", partition, "' gives ", counts.size(),
-                     " blocks but model.blocks is ", blocks));
-  }
-  return counts;
-}
-
 absl::StatusOr<int> NumBlocks(const ModelSpec& spec) {
   if (spec.has_scale()) return spec.scale().block_init_size();
+  if (spec.partition() == kAutoPartition) {
+    if (spec.blocks() <= 0) {
+      return absl::InvalidArgumentError(
+          "model.partition: 'auto' needs model.blocks, the number of blocks "
+          "K to cut the model into");
+    }
+    return spec.blocks();
+  }
   if (!spec.partition().empty()) {
     return static_cast<int>(
         std::vector<std::string>(absl::StrSplit(spec.partition(), ',')).size());
@@ -247,6 +194,32 @@ absl::StatusOr<int> NumBlocks(const ModelSpec& spec) {
         "model: set model.partition or model.blocks");
   }
   return spec.blocks();
+}
+
+absl::StatusOr<int> NumUnits(const ModelSpec& spec) {
+  if (spec.has_resnet()) {
+    // "planes,blocks/planes,blocks/...": stem, the residual blocks, the
+    // classifier. ResNetUnits checks the string in full.
+    int units = 2;
+    for (absl::string_view stage :
+         absl::StrSplit(spec.resnet().architecture(), '/')) {
+      std::vector<absl::string_view> parts = absl::StrSplit(stage, ',');
+      int blocks = 0;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &blocks) ||
+          blocks <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.resnet.architecture: stage '", stage,
+                         "' must be 'planes,blocks'"));
+      }
+      units += blocks;
+    }
+    return units;
+  }
+  if (spec.has_transformer()) return spec.transformer().layers() + 2;
+  if (spec.has_mlp()) return spec.mlp().hidden_size() + 1;
+  return absl::InvalidArgumentError(
+      "model: only resnet, transformer and mlp models are built from units "
+      "that a partition cuts");
 }
 
 FinalLoss FinalLossOf(const ModelSpec& spec) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "analysis/partition.h"
 #include "proto/config.pb.h"
 #include "services/data.h"
 
@@ -26,13 +27,13 @@ struct FinalLoss {
   float test_loss_scale = 0.0f;
 };
 
-// Parses a partition string such as "1,2,2,rest" over `units` units into K
-// unit counts. An empty string splits evenly into `blocks` blocks.
-absl::StatusOr<std::vector<int>> ParsePartition(const std::string& partition,
-                                                int units, int blocks);
-
-// Number of blocks the model spec describes.
+// Number of blocks the model spec describes (model.blocks for "auto").
 absl::StatusOr<int> NumBlocks(const interlock::v1::ModelSpec& spec);
+
+// Number of units the model is built from (stem / embedding, residual
+// blocks / decoder layers / hidden layers, classifier), from the spec alone:
+// what a partition string counts (ParsePartition, analysis/partition.h).
+absl::StatusOr<int> NumUnits(const interlock::v1::ModelSpec& spec);
 
 // Builds every block (and, when with_heads, the head of every block but the
 // last). Parameters are initialised from `seed` in a fixed order that does not

@@ -13,6 +13,7 @@ namespace interlock {
 namespace {
 
 using interlock::testing::DigestOf;
+using interlock::testing::ExpectOneLineError;
 using interlock::testing::ParseParams;
 using interlock::testing::RunCommand;
 
@@ -160,14 +161,8 @@ TEST(Cli, BadInputsGiveOneLineErrors) {
                 " --engine cluster --workers a:1,b:2,c:3 --device cpu",
             "--device: remote workers"},
        }) {
-    auto r = RunCommand(kCli + " train --quiet " + c.args);
-    EXPECT_NE(r.exit_code, 0) << c.args;
-    EXPECT_NE(r.output.find("interlock: error:"), std::string::npos)
-        << c.args << ": " << r.output;
-    EXPECT_NE(r.output.find(c.fragment), std::string::npos)
-        << c.args << ": " << r.output;
-    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1)
-        << c.args << ": " << r.output;
+    ExpectOneLineError(RunCommand(kCli + " train --quiet " + c.args), c.args,
+                       c.fragment);
   }
   auto r = RunCommand(kCli + " frobnicate");
   EXPECT_EQ(r.exit_code, 2);

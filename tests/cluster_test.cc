@@ -805,14 +805,13 @@ TEST(ClusterMetrics, EveryProcessExportsItsMetrics) {
   std::string text = ReadFile(kSrc + "/configs/tests/tiny_resnet.pbtxt");
   text.replace(text.find("seed: 1 }"), 9, "seed: 1 eval_every_steps: 5 }");
   std::ofstream(cfg, std::ios::trunc) << text;
-  Child cli =
-      StartCli({"train", "--quiet", "--engine=cluster",
-                "--workers=" + w[0].address() + "," + w[1].address() + "," +
-                    w[2].address(),
-                "--config=" + cfg, "--steps=100000", "--out=" + dir + "/out",
-                "--wire=bf16:int8",
-                "--metrics_port=" + std::to_string(coord_port)},
-               dir + "/cli.log");
+  Child cli = StartCli(
+      {"train", "--quiet", "--engine=cluster",
+       "--workers=" + w[0].address() + "," + w[1].address() + "," +
+           w[2].address(),
+       "--config=" + cfg, "--steps=100000", "--out=" + dir + "/out",
+       "--wire=bf16:int8", "--metrics_port=" + std::to_string(coord_port)},
+      dir + "/cli.log");
   for (int i = 0; i < 600 && LinesIn(dir + "/out/metrics.jsonl") < 12; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -1,8 +1,11 @@
 // `interlock compare` end to end through the CLI (report table, PNG plots,
 // bad --modes) and `interlock simulate` on the profile compare produced, plus
 // the simulator's scaling worked out by hand.
+#include "coordinator/compare.h"
+
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "analysis/compare_report.h"
 #include "analysis/run_files.h"
 #include "analysis/simulate.h"
 #include "tests/test_util.h"
@@ -256,16 +260,28 @@ TEST(Compare, BadModesGiveAClearError) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
+// A fresh folder for one test's comparison.
+std::string FreshOut(const std::string& name) {
+  const std::string out = std::filesystem::temp_directory_path().string() +
+                          "/interlock_compare_" + name + "_" +
+                          std::to_string(getpid());
+  std::filesystem::remove_all(out);
+  return out;
+}
+
+// `interlock compare` of the tiny ResNet with `args` into `out`.
+interlock::testing::CommandResult CompareTiny(const std::string& args,
+                                              const std::string& out) {
+  return RunCommand(kCli + " compare --config " + kSrc +
+                    "/configs/tests/tiny_resnet.pbtxt " + args + " --out " +
+                    out);
+}
+
 // --wire runs every mode with each codec, rows named mode/codec, folders
 // mode-codec; the profiles count the encoded bytes.
 TEST(Compare, WireCodecsAreVariantsOfEveryMode) {
-  const std::string out = std::filesystem::temp_directory_path().string() +
-                          "/interlock_compare_wire_" + std::to_string(getpid());
-  std::filesystem::remove_all(out);
-  auto r = RunCommand(kCli + " compare --config " + kSrc +
-                      "/configs/tests/tiny_resnet.pbtxt --modes 1,2 --wire "
-                      "fp32,bf16,int8 --steps 3 --out " +
-                      out);
+  const std::string out = FreshOut("wire");
+  auto r = CompareTiny("--modes 1,2 --wire fp32,bf16,int8 --steps 3", out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[5/6] 2-way furthest/bf16"), std::string::npos)
       << r.output;
@@ -292,10 +308,7 @@ TEST(Compare, WireCodecsAreVariantsOfEveryMode) {
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->wire(), "int8");
 
-  auto bad = RunCommand(kCli + " compare --config " + kSrc +
-                        "/configs/tests/tiny_resnet.pbtxt --modes 2 --wire "
-                        "fp32,int4 --steps 1 --out " +
-                        out + "-bad");
+  auto bad = CompareTiny("--modes 2 --wire fp32,int4 --steps 1", out + "-bad");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--wire: wire codec \"int4\""), std::string::npos)
       << bad.output;
@@ -438,6 +451,164 @@ TEST(Simulate, ParseModes) {
   EXPECT_EQ((*m)[2].Dir(), "2sum");
   EXPECT_EQ((*m)[3].Label(), "3-way furthest");
   EXPECT_EQ(ModesFor(2).size(), 3u);  // e2e, 1-way, 2-way (SUM costs the same)
+}
+
+TEST(CompareSeeds, MeanAndSampleDeviation) {
+  // 2,4,4,4,5,5,7,9: mean 5, squared deviations 32, sample sd sqrt(32/7).
+  MeanSd m = MeanAndSd({2, 4, 4, 4, 5, 5, 7, 9});
+  EXPECT_EQ(m.n, 8);
+  EXPECT_DOUBLE_EQ(m.mean, 5.0);
+  EXPECT_DOUBLE_EQ(m.sd, std::sqrt(32.0 / 7.0));
+  // Non-finite values (a metric a run lacks) are left out.
+  m = MeanAndSd({1, std::nan(""), 3});
+  EXPECT_EQ(m.n, 2);
+  EXPECT_DOUBLE_EQ(m.mean, 2.0);
+  EXPECT_DOUBLE_EQ(m.sd, std::sqrt(2.0));
+  m = MeanAndSd({7});
+  EXPECT_EQ(m.n, 1);
+  EXPECT_TRUE(std::isnan(m.sd));
+  EXPECT_EQ(FormatMeanSd(m, false, 2), "7.00 ± -");
+  EXPECT_EQ(FormatMeanSd(MeanAndSd({}), false, 2), "-");
+  EXPECT_EQ(FormatMeanSd(MeanAndSd({80, 85, 90}), true, 2), "85.00% ± 5.00");
+}
+
+// A finished run of `mode` with `seed`: final accuracy, aux accuracy (not
+// for E2E) and virtual step time as given.
+ModeReport FinishedRun(const std::string& mode, int64_t seed, double accuracy,
+                       double aux, double step_virtual) {
+  ModeReport r;
+  r.mode = (*ParseModes(mode, 2))[0];
+  r.seed = seed;
+  r.status = absl::OkStatus();
+  r.summary.set_steps(10);
+  r.summary.mutable_mean_step_seconds()->set_wall(2 * step_virtual);
+  r.summary.mutable_mean_step_seconds()->set_virtual_(step_virtual);
+  r.summary.set_utilisation(0.5);
+  if (!r.mode.e2e) {
+    auto* h = r.summary.add_eval();
+    h->set_block(0);
+    h->set_head("aux");
+    h->set_accuracy(aux);
+  }
+  auto* h = r.summary.add_eval();
+  h->set_block(1);
+  h->set_head("final");
+  h->set_accuracy(accuracy);
+  for (auto& head : *r.summary.mutable_eval()) {
+    head.set_perplexity(std::nan(""));  // an image model
+  }
+  return r;
+}
+
+TEST(CompareSeeds, AggregatesEachModeOverItsSeeds) {
+  std::vector<ModeReport> runs = {FinishedRun("e2e", 1, 0.80, 0, 1.0),
+                                  FinishedRun("e2e", 2, 0.85, 0, 2.0),
+                                  FinishedRun("e2e", 3, 0.90, 0, 3.0),
+                                  FinishedRun("2", 1, 0.70, 0.60, 0.5),
+                                  FinishedRun("2", 2, 0.74, 0.64, 0.5),
+                                  FinishedRun("2", 3, 0.0, 0.0, 9.0)};
+  runs.back().status = absl::InternalError("failed");  // left out
+  EXPECT_EQ(runs[1].Label(), "e2e seed 2");
+  EXPECT_EQ(runs[1].GroupLabel(), "e2e");
+  EXPECT_EQ(runs[4].Dir(), "2way-seed2");
+  const std::vector<SeedAggregate> a = AggregateSeeds(runs, 2, false);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0].label, "e2e");
+  EXPECT_EQ(a[0].runs, 3);
+  EXPECT_DOUBLE_EQ(a[0].metric[1].mean, 85.0);
+  EXPECT_NEAR(a[0].metric[1].sd, 5.0, 1e-12);
+  EXPECT_EQ(a[0].metric[0].n, 0);  // E2E has no auxiliary head
+  EXPECT_DOUBLE_EQ(a[0].step_virtual.mean, 2.0);
+  EXPECT_DOUBLE_EQ(a[0].step_virtual.sd, 1.0);
+  EXPECT_DOUBLE_EQ(a[0].step_wall.mean, 4.0);
+  EXPECT_EQ(a[1].label, "2-way furthest");
+  EXPECT_EQ(a[1].runs, 2);
+  EXPECT_DOUBLE_EQ(a[1].metric[1].mean, 72.0);
+  EXPECT_NEAR(a[1].metric[1].sd, std::sqrt(8.0), 1e-12);
+  EXPECT_DOUBLE_EQ(a[1].metric[0].mean, 62.0);
+  EXPECT_DOUBLE_EQ(a[1].step_virtual.sd, 0.0);
+  EXPECT_DOUBLE_EQ(a[1].utilisation.mean, 50.0);
+
+  // The report's table: one row per mode, as aggregated.
+  const std::string dir = FreshOut("seeds_report");
+  std::filesystem::create_directories(dir);
+  ReportHeader header;
+  header.blocks = 2;
+  header.seeds = {1, 2, 3};
+  ASSERT_TRUE(WriteReport(dir, header, runs, absl::OkStatus()).ok());
+  const std::string report = ReadFile(dir + "/report.md");
+  EXPECT_NE(report.find("seeds 1, 2, 3"), std::string::npos) << report;
+  EXPECT_NE(report.find("| e2e | 3 | 10.0 ± 0.0 | 4.0000 ± 2.0000 | "
+                        "2.0000 ± 1.0000 | 50.0% ± 0.0 | - | 85.00% ± 5.00 |"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("| 2-way furthest | 2 |"), std::string::npos) << report;
+  EXPECT_NE(report.find("| 62.00% ± 2.83 | 72.00% ± 2.83 |"), std::string::npos)
+      << report;
+  std::filesystem::remove_all(dir);
+
+  EXPECT_EQ(*ParseSeeds("1,2,30"), (std::vector<int64_t>{1, 2, 30}));
+  for (const char* bad : {"1,,2", "x", "-1", "1,1", ""}) {
+    EXPECT_FALSE(ParseSeeds(bad).ok()) << bad;
+  }
+  EXPECT_NE(ParseSeeds("1,1").status().message().find("1 is listed twice"),
+            std::string::npos);
+}
+
+// A real compare over two seeds: every mode once per seed, a mean ± sd row
+// per mode whose mean is the mean of its seeds' rows, one line per seed in
+// the plots.
+TEST(CompareSeeds, RunsEveryModePerSeed) {
+  const std::string out = FreshOut("seeds");
+  auto r = CompareTiny("--modes e2e,2 --seeds 1,2 --steps 3", out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[4/4] 2-way furthest seed 2"), std::string::npos)
+      << r.output;
+  const std::string report = ReadFile(out + "/report.md");
+  std::istringstream in(report);
+  std::string line;
+  std::vector<std::vector<std::string>> runs, means;
+  while (std::getline(in, line)) {
+    if (line.rfind("| mode |", 0) != 0) continue;
+    auto& rows = runs.empty() ? runs : means;
+    std::getline(in, line);
+    while (std::getline(in, line) && line.rfind("|", 0) == 0) {
+      rows.push_back(Cells(line));
+    }
+  }
+  ASSERT_EQ(runs.size(), 4u) << report;
+  EXPECT_EQ(runs[0][0], "e2e seed 1");
+  EXPECT_EQ(runs[3][0], "2-way furthest seed 2");
+  ASSERT_EQ(means.size(), 2u) << report;
+  for (size_t m = 0; m < 2; ++m) {
+    SCOPED_TRACE(means[m][0]);
+    EXPECT_EQ(means[m][0], m == 0 ? "e2e" : "2-way furthest");
+    EXPECT_EQ(means[m][1], "2");
+    // The final head's accuracy: "a% ± s" against the two runs' cells.
+    const std::string cell = means[m].back();
+    const size_t pm = cell.find(" ± ");
+    ASSERT_NE(pm, std::string::npos) << cell;
+    const double a = Number(runs[2 * m].back()),
+                 b = Number(runs[2 * m + 1].back());
+    EXPECT_NEAR(Number(cell.substr(0, pm)), (a + b) / 2, 0.006);
+    EXPECT_NEAR(Number(cell.substr(pm + 4)), std::abs(a - b) / std::sqrt(2.0),
+                0.006);
+  }
+  // Different seeds start from different parameters.
+  auto s1 = ReadSummary(out + "/e2e-seed1/summary.json");
+  auto s2 = ReadSummary(out + "/e2e-seed2/summary.json");
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  EXPECT_NE(s1->digest(), s2->digest());
+  EXPECT_EQ(s2->seed(), 2);
+  const std::string gp = ReadFile(out + "/plots.gp");
+  EXPECT_NE(gp.find("lt 2 dt 2 notitle"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("2-way furthest (seeds)"), std::string::npos);
+  ExpectPng(out + "/metric_steps.png");
+  auto both =
+      CompareTiny("--modes e2e --seed 3 --seeds 1,2 --steps 1", out + "-both");
+  EXPECT_EQ(both.exit_code, 2) << both.output;
+  EXPECT_NE(both.output.find("give --seed or --seeds"), std::string::npos);
+  std::filesystem::remove_all(out);
 }
 
 }  // namespace

@@ -321,10 +321,11 @@ TEST_F(ReportTest, ProfileKeepsItsKeysAndRoundTrips) {
   const std::string text = ReadText(dir_ + "/profile.json");
   EXPECT_NE(text.find("5000000000"), std::string::npos) << text;
   const Struct s = Parse(text);
-  EXPECT_EQ(KeysOf(s), (Keys{"name", "blocks", "microbatches", "batch_size",
-                             "mode", "n", "rule", "steps", "input_bytes",
-                             "down_bytes", "up_bytes", "link", "per_block",
-                             "step_seconds", "wire", "replicas", "reduction"}));
+  EXPECT_EQ(KeysOf(s),
+            (Keys{"name", "blocks", "microbatches", "batch_size", "mode", "n",
+                  "rule", "steps", "input_bytes", "down_bytes", "up_bytes",
+                  "link", "per_block", "step_seconds", "wire", "replicas",
+                  "reduction", "partition"}));
   EXPECT_EQ(KeysOf(s.fields().at("link").struct_value()),
             (Keys{"latency_seconds", "bytes_per_second"}));
   EXPECT_EQ(KeysOfFirst(s, "per_block"),

@@ -2,6 +2,9 @@
 #ifndef INTERLOCK_TESTS_TEST_UTIL_H_
 #define INTERLOCK_TESTS_TEST_UTIL_H_
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <regex>
@@ -59,6 +62,19 @@ inline CommandResult RunCommand(const std::string& command) {
   const int status = pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// A command that failed with one line, "interlock: error: ..." holding
+// `fragment`.
+inline void ExpectOneLineError(const CommandResult& r, const std::string& what,
+                               const std::string& fragment) {
+  EXPECT_NE(r.exit_code, 0) << what;
+  EXPECT_NE(r.output.find("interlock: error:"), std::string::npos)
+      << what << ": " << r.output;
+  EXPECT_NE(r.output.find(fragment), std::string::npos)
+      << what << ": " << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1)
+      << what << ": " << r.output;
 }
 
 // The "digest <hex>" the CLI prints at the end of a run ("" if none).
