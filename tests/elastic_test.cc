@@ -152,11 +152,19 @@ TEST(Elastic, JoinFailureAndLeaveMidRunEndBitwiseOnTheSingleChain) {
 
   // A replica of block 0 dies.
   ASSERT_TRUE(at_step(joined_at + 5)) << ReadFile(cli.log);
+  const auto killed = std::chrono::steady_clock::now();
   StopWorker(w[1], SIGKILL);
   ASSERT_TRUE(WaitFor(
       [&] { return LogHas(cli.log, "surviving replicas continue"); }, 120))
       << ReadFile(cli.log);
   const int failed_at = LinesIn(metrics);
+  ASSERT_TRUE(WaitFor([&] { return LinesIn(metrics) > failed_at; }, 120));
+  std::cout << "failure: kill to the first step recorded after the "
+               "fail-over in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                             killed)
+                   .count()
+            << " s\n";
 
   // The joined replica is scaled down: it leaves at a step boundary.
   ASSERT_TRUE(at_step(failed_at + 5)) << ReadFile(cli.log);
