@@ -70,6 +70,10 @@ ABSL_FLAG(std::string, collective_host, "",
           "cluster with replicas: the address of this machine the workers "
           "reach the reduction rendezvous store at (empty: 127.0.0.1 for a "
           "local cluster, the host name for --workers)");
+ABSL_FLAG(int, collective_port, 0,
+          "cluster with replicas: the port of the reduction rendezvous store "
+          "(0: any free one; fix it where a firewall or a Kubernetes Service "
+          "names it)");
 ABSL_FLAG(std::string, device, "",
           "where the blocks run: cpu, cuda (= cuda:0) or cuda:N, for every "
           "block or one per block (cpu,cpu,cuda:0,cuda:1); in process and a "
@@ -328,6 +332,14 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
     options.engine.replicas = *std::move(counts);
   }
   options.engine.collective_host = absl::GetFlag(FLAGS_collective_host);
+  options.engine.collective_port = absl::GetFlag(FLAGS_collective_port);
+  if (options.engine.collective_port < 0 ||
+      options.engine.collective_port > 65535) {
+    return Fail(absl::StrCat("--collective_port: ",
+                             options.engine.collective_port,
+                             " is not in 0..65535"),
+                2);
+  }
   options.engine.coordinator_port = absl::GetFlag(FLAGS_coordinator_port);
   options.engine.coordinator_host = absl::GetFlag(FLAGS_coordinator_host);
   options.engine.coordinator_port_file =

@@ -65,7 +65,8 @@ class ClusterEngine : public Engine {
     if (elastic_) {
       // The rendezvous of every block's reduction group; the groups
       // themselves connect worker to worker.
-      ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.collective_host, 0));
+      ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.collective_host,
+                                                  options_.collective_port));
       collective_address_ =
           absl::StrCat(options_.collective_host, ":", store_->port());
     }
@@ -172,7 +173,9 @@ class ClusterEngine : public Engine {
       controls_live_ = num_workers();
       step_reports_.clear();
     }
-    RETURN_IF_ERROR(OpenControls(epoch, deadline));
+    // A fresh deadline: configuring may have waited that long already (a
+    // survivor held in its group's reduction until Gloo's timeout).
+    RETURN_IF_ERROR(OpenControls(epoch, absl::Now() + timeout));
     streams_.clear();
     for (int r = 0; r < replicas_[0]; ++r) {
       StreamClient::Handlers h;
@@ -209,7 +212,9 @@ class ClusterEngine : public Engine {
     std::unique_lock<std::mutex> l(mu_);
     const int workers = num_workers();
     if (!cv_.wait_until(l, absl::ToChronoTime(deadline),
-                        [&] { return opened_ == workers || !error_.ok(); })) {
+                        [&] { return opened_ == workers || !error_.ok(); }) ||
+        !error_.ok()) {
+      if (!error_.ok()) return error_;
       return absl::UnavailableError(
           absl::StrCat("only ", opened_, " of ", workers,
                        " workers opened their control stream in time"));

@@ -27,6 +27,9 @@ struct ClusterOptions {
   // With replicas: the address of this process the workers reach the
   // reduction groups' rendezvous store at.
   std::string collective_host = "127.0.0.1";
+  // The store's port (0: any free one; fixed where a firewall or a
+  // Kubernetes Service must name it).
+  int collective_port = 0;
   // Micro-batches kept in flight (0: 2 x blocks x micro-batches); workers
   // bound what they queue by it.
   int window = 0;

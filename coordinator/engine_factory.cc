@@ -66,6 +66,7 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
       co.collective_host = "127.0.0.1";
     }
   }
+  co.collective_port = options.collective_port;
   co.connect_timeout = options.connect_timeout;
   co.window = window;
   ASSIGN_OR_RETURN(co.security, LoadTransportSecurity(options.security,

@@ -68,6 +68,13 @@ absl::Status Membership::RefuseLocked(const std::string& reason,
   return s;
 }
 
+const std::vector<std::string>& Membership::RefusalReasons() {
+  static const auto* reasons =
+      new std::vector<std::string>{"token",     "block",    "address", "config",
+                                   "duplicate", "replicas", "unknown", "last"};
+  return *reasons;
+}
+
 void Membership::Refused(const std::string& reason) {
   if (on_refused_) on_refused_(reason);
 }

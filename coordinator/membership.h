@@ -45,8 +45,10 @@ class Membership {
   // a worker that names another is refused.
   Membership(int num_blocks, int microbatches, std::string config_sha256);
 
-  // Called with the reason of every refused request ("block", "address",
-  // "duplicate", "config", "replicas", "token", "unknown", "last").
+  // Every reason a request can be refused for; metrics export each at 0
+  // so an alert sees the first refusal as an increase.
+  static const std::vector<std::string>& RefusalReasons();
+  // Called with the reason (one of RefusalReasons) of every refused request.
   void set_on_refused(std::function<void(const std::string&)> f) {
     on_refused_ = std::move(f);
   }

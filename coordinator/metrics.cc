@@ -134,6 +134,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Serve(
   for (const char* kind : {"join", "leave", "failure"}) {
     m->changes_family_->Add({{"kind", kind}, {"mode", mode}});
   }
+  for (const std::string& reason : Membership::RefusalReasons()) {
+    m->refusals_family_->Add({{"reason", reason}, {"mode", mode}});
+  }
   m->generation_ = &prometheus::BuildGauge()
                         .Name("interlock_coordinator_topology_generation")
                         .Help("Generation of the topology in force")

@@ -57,6 +57,7 @@ struct EngineOptions {
   // reduction groups' rendezvous store at (empty: 127.0.0.1 for a local
   // cluster, this machine's host name for remote workers).
   std::string collective_host;
+  int collective_port = 0;  // the store's port; 0: any free one
   std::string worker_binary;  // empty: next to this executable
   // Where the blocks run (--device, services/device.h): none (all on the
   // CPU), one for every block, or one per block. In process they are the

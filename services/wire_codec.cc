@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/codec_kernels.h"
 #include "services/models.h"
 #include "services/status_macros.h"
 
@@ -128,42 +129,12 @@ class HalfTensorCodec final : public TensorCodec {
   float range_;
 };
 
-// Values of INT8_BLOCKWISE's int8 range: round(x / scale) with scale =
-// absmax / 127 never leaves it; -128 is refused from a peer.
-constexpr int kInt8Max = 127;
+// INT8_BLOCKWISE (services/codec_kernels.h): codes round(x / scale) in
+// [-127, 127] with scale = absmax / 127; -128 is refused from a peer.
 // No scale of a value below kInt8Range exceeds 2^120, and 127 times any
 // scale up to 2^120 is finite: a decoded value is never infinite.
 constexpr float kInt8Range = 0x1p126f;
 constexpr float kMaxScale = 0x1p120f;
-
-// One block of INT8_BLOCKWISE: its scale (absmax / 127; NaN when a value
-// is not finite, the contract violation TensorCodec describes) and the
-// values' int8 codes, rounded to nearest even.
-float QuantizeBlock(const float* x, int64_t n, int8_t* q) {
-  float absmax = 0.0f;
-  bool finite = true;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    finite &= a < kInf;
-    absmax = a > absmax ? a : absmax;
-  }
-  if (!finite) {
-    std::fill(q, q + n, 0);
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  const float scale = absmax / kInt8Max;
-  for (int64_t i = 0; i < n; ++i) {
-    // A scale that underflowed to 0 leaves values below 1e-42: they are 0.
-    const float v = scale > 0.0f ? std::nearbyint(x[i] / scale) : 0.0f;
-    q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
-  }
-  return scale;
-}
-
-// The receiver's value of a code: the same product in Decode and Transfer.
-inline float Dequantize(int8_t q, float scale) {
-  return static_cast<float>(q) * scale;
-}
 
 class Int8BlockwiseCodec final : public TensorCodec {
  public:
@@ -184,7 +155,7 @@ class Int8BlockwiseCodec final : public TensorCodec {
     auto* q = reinterpret_cast<int8_t*>(data.data());
     for (int64_t b = 0, i = 0; i < n; ++b, i += block_) {
       const float s =
-          QuantizeBlock(v + i, std::min<int64_t>(block_, n - i), q + i);
+          QuantizeInt8Block(v + i, std::min<int64_t>(block_, n - i), q + i);
       std::memcpy(scales.data() + b * sizeof(float), &s, sizeof(float));
     }
     bytes->data = Payload::OfString(std::move(data));
@@ -235,14 +206,12 @@ class Int8BlockwiseCodec final : public TensorCodec {
             absl::StrCat(what, ": scale ", b, " is ", s,
                          ", expected a finite value in [0, ", kMaxScale, "]"));
       }
-      const int64_t end = std::min<int64_t>(i + block_, n);
-      for (int64_t j = i; j < end; ++j) {
-        if (q[j] < -kInt8Max) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(what, ": value ", j, " is ", static_cast<int>(q[j]),
-                           ", outside [-127, 127]"));
-        }
-        out[j] = Dequantize(q[j], s);
+      const int64_t len = std::min<int64_t>(block_, n - i);
+      if (!DequantizeInt8Block(q + i, len, s, out + i)) {
+        const int64_t j = std::find(q + i, q + i + len, -128) - q;
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": value ", j, " is ", static_cast<int>(q[j]),
+                         ", outside [-127, 127]"));
       }
     }
     return t;
@@ -257,8 +226,8 @@ class Int8BlockwiseCodec final : public TensorCodec {
     std::vector<int8_t> q(std::min<int64_t>(block_, n));
     for (int64_t i = 0; i < n; i += block_) {
       const int64_t len = std::min<int64_t>(block_, n - i);
-      const float s = QuantizeBlock(v + i, len, q.data());
-      for (int64_t j = 0; j < len; ++j) out[i + j] = Dequantize(q[j], s);
+      const float s = QuantizeInt8Block(v + i, len, q.data());
+      DequantizeInt8Block(q.data(), len, s, out + i);
     }
     return y.to(t.device());
   }

@@ -187,6 +187,9 @@ TrainResult SomeResult() {
   r.accounting.steps_not_exactly_once = {4};
   r.accounting.resumed_from_step = -1;
   r.accounting.checkpoints = 3;
+  r.accounting.failovers = 1;
+  r.topology = {TopologyEvent{
+      7, 2, {{MemberChangeKind::kJoin, 1, "10.0.0.9:50051"}}, {1, 2}}};
   return r;
 }
 
@@ -238,17 +241,22 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
                              "replicas",
                              "reduction",
                              "wire",
-                             "replica_busy_ratio"}));
+                             "replica_busy_ratio",
+                             "topology"}));
   EXPECT_EQ(KeysOf(s.fields().at("mean_step_seconds").struct_value()),
             (Keys{"wall", "virtual"}));
   EXPECT_EQ(KeysOfFirst(s, "eval"),
             (Keys{"block", "head", "loss", "accuracy", "perplexity"}));
   EXPECT_EQ(KeysOfFirst(s, "digests"), (Keys{"block", "params", "head"}));
-  EXPECT_EQ(
-      KeysOf(s.fields().at("accounting").struct_value()),
-      (Keys{"microbatches_per_step", "microbatches_applied", "block_steps",
-            "steps_not_exactly_once", "recoveries", "microbatches_replayed",
-            "duplicates_acknowledged", "resumed_from_step", "checkpoints"}));
+  EXPECT_EQ(KeysOfFirst(s, "topology"),
+            (Keys{"step", "generation", "changes", "replicas"}));
+  EXPECT_NE(text.find("\"kind\": \"join\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"failovers\": 1"), std::string::npos) << text;
+  EXPECT_EQ(KeysOf(s.fields().at("accounting").struct_value()),
+            (Keys{"microbatches_per_step", "microbatches_applied",
+                  "block_steps", "steps_not_exactly_once", "recoveries",
+                  "microbatches_replayed", "duplicates_acknowledged",
+                  "resumed_from_step", "checkpoints", "failovers"}));
   // Numbers are JSON numbers; only these keys hold text (and "NaN").
   Struct numbers = s;
   for (auto& e : *(*numbers.mutable_fields())["eval"]
@@ -256,10 +264,10 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
                       ->mutable_values()) {
     e.mutable_struct_value()->mutable_fields()->erase("perplexity");
   }
-  ExpectNumbers(
-      numbers,
-      {"name", "mode", "head", "params", "digest", "reduction", "wire"},
-      "summary");
+  ExpectNumbers(numbers,
+                {"name", "mode", "head", "params", "digest", "reduction",
+                 "wire", "kind", "address"},
+                "summary");
 
   auto back = ReadSummary(path);
   ASSERT_TRUE(back.ok()) << back.status();

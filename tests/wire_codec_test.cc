@@ -13,10 +13,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "coordinator/train.h"
+#include "services/codec_kernels.h"
 #include "services/config.h"
 #include "services/models.h"
 #include "services/trainer.h"
@@ -274,6 +276,74 @@ TEST(WireCodecs, Int8RoundTripsWithinHalfAScalePerBlock) {
       }
     }
   }
+}
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// The vectorised kernels compute exactly the scalar definition: scale =
+// absmax / 127, code = nearbyint(x / scale) clamped to [-127, 127], value =
+// code x scale; NaN scale and zero codes for a non-finite block. Bitwise, so
+// runs (and their digests) do not depend on the CPU's vector units.
+TEST(WireCodecs, Int8KernelsAreTheScalarDefinitionBitwise) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 300);
+    std::vector<float> x(n);
+    for (float& v : x) {
+      switch (trial % 5) {
+        case 0: {  // any bits: NaN, Inf, subnormals, -0
+          const uint32_t u = rng();
+          std::memcpy(&v, &u, sizeof(v));
+          break;
+        }
+        case 1:
+          v = normal(rng);
+          break;
+        case 2:  // subnormal scales
+          v = normal(rng) * 1e-40f;
+          break;
+        case 3:  // exact ties at .5 after scaling
+          v = static_cast<float>(static_cast<int>(rng() % 509) - 254) * 0.5f;
+          break;
+        default:
+          v = std::ldexp(normal(rng), static_cast<int>(rng() % 250) - 125);
+      }
+    }
+    float absmax = 0.0f;
+    bool finite = true;
+    for (float v : x) {
+      finite = finite && std::isfinite(v);
+      absmax = std::max(absmax, std::fabs(v));
+    }
+    std::vector<int8_t> want(n, 0);
+    float want_scale = std::numeric_limits<float>::quiet_NaN();
+    if (finite) {
+      want_scale = absmax / 127.0f;
+      for (int i = 0; i < n && want_scale > 0.0f; ++i) {
+        want[i] = static_cast<int8_t>(
+            std::clamp(std::nearbyint(x[i] / want_scale), -127.0f, 127.0f));
+      }
+    }
+    std::vector<int8_t> got(n, 1);
+    const float scale = QuantizeInt8Block(x.data(), n, got.data());
+    ASSERT_EQ(Bits(scale), Bits(want_scale)) << "trial " << trial;
+    ASSERT_EQ(got, want) << "trial " << trial;
+    std::vector<float> values(n);
+    ASSERT_TRUE(DequantizeInt8Block(got.data(), n, scale, values.data()));
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(Bits(values[i]), Bits(static_cast<float>(want[i]) * scale))
+          << "trial " << trial << " value " << i;
+    }
+  }
+  std::vector<int8_t> codes(40, 5);
+  codes[33] = -128;  // never sent; refused from a peer
+  std::vector<float> values(40);
+  EXPECT_FALSE(DequantizeInt8Block(codes.data(), 40, 1.0f, values.data()));
 }
 
 TEST(WireCodecs, Fp32AndIntegerTensorsTravelExactly) {

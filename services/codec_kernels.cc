@@ -1,0 +1,89 @@
+#include "services/codec_kernels.h"
+
+#include <cstring>
+
+namespace interlock {
+namespace {
+
+// 1.5 x 2^23: adding it to a value below 2^22 in magnitude leaves a float
+// whose unit is 1, so the sum is the value rounded to the nearest integer,
+// ties to even (the default rounding mode), and subtracting it back is
+// exact. The same result as std::nearbyint, without a library call.
+constexpr float kRoundMagic = 12582912.0f;
+constexpr uint32_t kAbsMask = 0x7fffffffu;
+constexpr uint32_t kInfBits = 0x7f800000u;
+
+// GCC: an AVX2 clone beside the baseline one, picked by the loader.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define INTERLOCK_VECTOR_CLONES \
+  __attribute__((target_clones("avx2", "default")))
+#else
+#define INTERLOCK_VECTOR_CLONES
+#endif
+
+// The largest |x| as bits: for non-negative floats integer order is float
+// order, and Inf and NaN lie at and above kInfBits.
+INTERLOCK_VECTOR_CLONES uint32_t AbsMaxBits(const float* x, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, sizeof(u));
+    u &= kAbsMask;
+    m = u > m ? u : m;
+  }
+  return m;
+}
+
+// |x / scale| stays below 255 (scale is absmax / 127 rounded; at worst,
+// subnormal, half its value), so the magic rounding is exact and no
+// quotient is Inf or NaN. The clamp is on integers so it vectorises.
+INTERLOCK_VECTOR_CLONES void Codes(const float* x, int64_t n, float scale,
+                                   int8_t* q) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = (x[i] / scale + kRoundMagic) - kRoundMagic;
+    int32_t c = static_cast<int32_t>(v);
+    c = c < -127 ? -127 : c;
+    c = c > 127 ? 127 : c;
+    q[i] = static_cast<int8_t>(c);
+  }
+}
+
+INTERLOCK_VECTOR_CLONES int8_t Values(const int8_t* q, int64_t n, float scale,
+                                      float* out) {
+  int8_t lowest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    lowest = q[i] < lowest ? q[i] : lowest;
+    out[i] = static_cast<float>(q[i]) * scale;
+  }
+  return lowest;
+}
+
+}  // namespace
+
+float QuantizeInt8Block(const float* x, int64_t n, int8_t* q) {
+  const uint32_t bits = AbsMaxBits(x, n);
+  if (bits >= kInfBits || bits == 0) {
+    std::memset(q, 0, static_cast<size_t>(n));
+    if (bits == 0) return 0.0f;
+    uint32_t nan = 0x7fc00000u;
+    float s;
+    std::memcpy(&s, &nan, sizeof(s));
+    return s;
+  }
+  float absmax;
+  std::memcpy(&absmax, &bits, sizeof(absmax));
+  const float scale = absmax / 127.0f;
+  // A scale that underflowed to 0 leaves values below 1e-42: they are 0.
+  if (!(scale > 0.0f)) {
+    std::memset(q, 0, static_cast<size_t>(n));
+    return scale;
+  }
+  Codes(x, n, scale, q);
+  return scale;
+}
+
+bool DequantizeInt8Block(const int8_t* q, int64_t n, float scale, float* out) {
+  return Values(q, n, scale, out) > -128;
+}
+
+}  // namespace interlock

@@ -1,0 +1,24 @@
+// The per-value loops of the wire codecs, apart from LibTorch so they can be
+// compiled for vector units (CMakeLists.txt: -O3, no FMA contraction, an
+// AVX2 clone chosen at load time). Every variant computes the same bits:
+// only exact IEEE operations (divide, add, min/max, convert), so a sender
+// with AVX2 and a receiver without it agree, and Transfer == Decode(Encode).
+#ifndef INTERLOCK_SERVICES_CODEC_KERNELS_H_
+#define INTERLOCK_SERVICES_CODEC_KERNELS_H_
+
+#include <cstdint>
+
+namespace interlock {
+
+// One block of INT8_BLOCKWISE: returns its scale (absmax / 127; NaN when a
+// value is not finite, and then every code is 0) and writes the values'
+// codes, round(x / scale) to nearest even within [-127, 127].
+float QuantizeInt8Block(const float* x, int64_t n, int8_t* q);
+
+// The receiver's values of one block: code x scale. False (and `out`
+// partly written) when a code is -128, which no sender produces.
+bool DequantizeInt8Block(const int8_t* q, int64_t n, float scale, float* out);
+
+}  // namespace interlock
+
+#endif  // INTERLOCK_SERVICES_CODEC_KERNELS_H_
