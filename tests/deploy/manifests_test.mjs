@@ -302,7 +302,11 @@ function checkExtras(extras, workers, job, byKind) {
     check(!seen.has(block), `${w}: one extras Deployment for block ${block}`);
     seen.add(block);
     check(d.metadata.labels?.["interlock/role"] === "extra", `${w}: object label role extra`);
-    check(d.spec.replicas === 0, `${w}: no extra replicas until scaled`);
+    // 0 until scaled; unset where an autoscaler owns the count.
+    const scaled = byKind("HorizontalPodAutoscaler").some((h) =>
+      h.spec.scaleTargetRef?.kind === "Deployment" && h.spec.scaleTargetRef?.name === d.metadata.name);
+    check(scaled ? d.spec.replicas === undefined : d.spec.replicas === 0,
+      `${w}: ${scaled ? "replicas left to its autoscaler" : "no extra replicas until scaled"}`);
     check(selects(d.spec.selector, labels) && d.spec.selector.matchLabels["interlock/block"] === block &&
       d.spec.selector.matchLabels["interlock/role"] === "extra", `${w}: selector matches its pods, by block and role`);
     for (const p of workers) {
