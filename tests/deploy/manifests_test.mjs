@@ -6,7 +6,13 @@
 // Deployment with its headless Service and PodDisruptionBudget, the
 // coordinator's flags pointing at those Services, and a default-deny network
 // whose only openings are the coordinator, neighbouring blocks, Prometheus
-// and DNS.
+// and DNS. Elastic overlays (extra replicas per block, interlock/role:
+// extra) also: extras that join through the coordinator's membership Service
+// as their own block at their pod IP and drain within their grace period,
+// primaries whose Services and budgets never select an extra, the
+// coordinator's membership and store ports behind its Service, and the
+// openings for the membership service, the store and the replicas' Gloo
+// traffic.
 //
 //   node tests/deploy/manifests_test.mjs [REPO_ROOT]
 import { execFileSync } from "node:child_process";
@@ -115,6 +121,24 @@ function flagValue(args, name) {
   return hits.length === 1 ? hits[0].slice(hits[0].indexOf("=") + 1) : undefined;
 }
 
+// The downward-API field behind `$(VAR)` in an argument ("status.podIP",
+// "metadata.labels['interlock/block']"), or undefined.
+function envField(container, value) {
+  const m = /^\$\((\w+)\)$/.exec(value ?? "");
+  if (!m) return undefined;
+  return container.env?.find((e) => e.name === m[1])?.valueFrom?.fieldRef?.fieldPath;
+}
+
+const isExtra = (d) => d.spec.template.metadata.labels?.["interlock/role"] === "extra";
+const blockOf = (d) => d.spec.template.metadata.labels?.["interlock/block"];
+
+// training.microbatches of the run config the coordinator reads (1 unset).
+function runMicrobatches(byKind) {
+  const text = byKind("ConfigMap").flatMap((c) => Object.entries(c.data ?? {}))
+    .find(([k]) => k.endsWith(".pbtxt"))?.[1] ?? "";
+  return Number(/\bmicrobatches:\s*(\d+)/.exec(text)?.[1] ?? 1);
+}
+
 // The volume (from the pod spec) mounted at or above `file` in `container`.
 function volumeFor(podSpec, container, file) {
   const mount = (container.volumeMounts ?? [])
@@ -180,8 +204,36 @@ function portNumber(container, nameOrNumber) {
   return container.ports?.find((p) => p.name === nameOrNumber)?.containerPort;
 }
 
-function checkWorkers(workers, byKind) {
-  const blocks = workers.map((d) => d.spec.template.metadata.labels["interlock/block"]);
+// What every worker Deployment's container (primary or extra) must have:
+// ports, probes, preStop, token, device. Returns the preStop sleep.
+function checkWorkerContainer(w, d) {
+  const c = d.spec.template.spec.containers[0];
+  const grpc = portNumber(c, "grpc");
+  const metrics = portNumber(c, "metrics");
+  check(flagValue(c.args, "port") === String(grpc), `${w}: --port is the grpc port`);
+  check(flagValue(c.args, "metrics_port") === String(metrics), `${w}: --metrics_port is the metrics port`);
+  for (const p of ["startupProbe", "livenessProbe", "readinessProbe"]) {
+    check(c[p]?.grpc?.port === grpc, `${w}: ${p} is a native gRPC probe on the grpc port`);
+  }
+  check(c.startupProbe?.grpc?.service === "liveness" && c.livenessProbe?.grpc?.service === "liveness",
+    `${w}: startup/liveness probes ask the 'liveness' health entry`);
+  check(["", undefined, "interlock.v1.Worker"].includes(c.readinessProbe?.grpc?.service),
+    `${w}: readiness asks whether a block is configured`);
+  const stop = c.lifecycle?.preStop?.exec?.command;
+  const sleep = stop?.[0] === "sleep" ? Number(stop[1]) : NaN;
+  check(sleep > 0, `${w}: preStop sleep`);
+  // preStop, then SIGTERM: health NOT_SERVING and 5 s grace in WorkerServer.
+  check(d.spec.template.spec.terminationGracePeriodSeconds >= sleep + 5 + 1,
+    `${w}: terminationGracePeriodSeconds covers preStop + graceful shutdown`);
+  const token = flagValue(c.args, "token_file") ?? flagValue(c.args, "token-file");
+  check(token && volumeFor(d.spec.template.spec, c, token)?.secret,
+    `${w}: --token_file is read from the Secret volume`);
+  checkDevice(w, c);
+  return sleep;
+}
+
+function checkWorkers(workers, byKind, extras) {
+  const blocks = workers.map(blockOf);
   const k = workers.length;
   check(k > 0, "no worker Deployments");
   check([...blocks].sort((a, b) => a - b).join() === [...Array(k).keys()].join(),
@@ -189,7 +241,7 @@ function checkWorkers(workers, byKind) {
   const services = byKind("Service");
   const pdbs = byKind("PodDisruptionBudget");
   for (const d of workers) {
-    const block = d.spec.template.metadata.labels["interlock/block"];
+    const block = blockOf(d);
     const w = `Deployment ${d.metadata.name}`;
     const labels = d.spec.template.metadata.labels;
     check(d.metadata.name === `interlock-block-${block}`, `${w}: name matches block ${block}`);
@@ -200,26 +252,15 @@ function checkWorkers(workers, byKind) {
       `${w}: selector matches its pods, by block`);
     const c = d.spec.template.spec.containers[0];
     const grpc = portNumber(c, "grpc");
-    const metrics = portNumber(c, "metrics");
-    check(flagValue(c.args, "port") === String(grpc), `${w}: --port is the grpc port`);
-    check(flagValue(c.args, "metrics_port") === String(metrics), `${w}: --metrics_port is the metrics port`);
-    for (const p of ["startupProbe", "livenessProbe", "readinessProbe"]) {
-      check(c[p]?.grpc?.port === grpc, `${w}: ${p} is a native gRPC probe on the grpc port`);
+    checkWorkerContainer(w, d);
+    for (const e of extras) {
+      check(!selects(d.spec.selector, e.spec.template.metadata.labels),
+        `${w}: selector leaves out the pods of ${e.metadata.name}`);
     }
-    check(c.startupProbe?.grpc?.service === "liveness" && c.livenessProbe?.grpc?.service === "liveness",
-      `${w}: startup/liveness probes ask the 'liveness' health entry`);
-    check(["", undefined, "interlock.v1.Worker"].includes(c.readinessProbe?.grpc?.service),
-      `${w}: readiness asks whether a block is configured`);
-    const stop = c.lifecycle?.preStop?.exec?.command;
-    const sleep = stop?.[0] === "sleep" ? Number(stop[1]) : NaN;
-    check(sleep > 0, `${w}: preStop sleep`);
-    // preStop, then SIGTERM: health NOT_SERVING and 5 s grace in WorkerServer.
-    check(d.spec.template.spec.terminationGracePeriodSeconds >= sleep + 5 + 1,
-      `${w}: terminationGracePeriodSeconds covers preStop + graceful shutdown`);
-    const token = flagValue(c.args, "token_file") ?? flagValue(c.args, "token-file");
-    check(token && volumeFor(d.spec.template.spec, c, token)?.secret,
-      `${w}: --token_file is read from the Secret volume`);
-    checkDevice(w, c);
+    if (extras.length) {
+      check(envField(c, flagValue(c.args, "collective_host")) === "status.podIP",
+        `${w}: --collective_host is the pod IP (the block's replicas reach it there)`);
+    }
     const svc = services.find((s) => s.metadata.name === d.metadata.name);
     if (check(svc, `${w}: headless Service of the same name`)) {
       check(svc.spec.clusterIP === "None", `Service ${svc.metadata.name}: headless`);
@@ -229,12 +270,116 @@ function checkWorkers(workers, byKind) {
         `Service ${svc.metadata.name}: selects block ${block}`);
       const sp = svc.spec.ports?.find((p) => p.name === "grpc");
       check(sp && portNumber(c, sp.targetPort) === grpc, `Service ${svc.metadata.name}: grpc port`);
+      // dns:///interlock-block-K must resolve to the configured primary only.
+      for (const e of extras) {
+        check(!subset(svc.spec.selector, e.spec.template.metadata.labels),
+          `Service ${svc.metadata.name}: does not select the pods of ${e.metadata.name}`);
+      }
     }
     const pdb = pdbs.filter((p) => selects(p.spec.selector, labels));
     check(pdb.length === 1 && pdb[0].spec.selector.matchLabels["interlock/block"] === block,
       `${w}: exactly one PodDisruptionBudget, for this block`);
   }
   return { k, grpc: portNumber(workers[0]?.spec.template.spec.containers[0] ?? {}, "grpc") };
+}
+
+// Extra replicas of a block (elastic overlays): a Deployment per block,
+// none until scaled, whose pods join the run through the coordinator's
+// membership Service as replicas of their own block, at their pod IP, and
+// drain (Leave, at most --drain_timeout) within their grace period; a budget
+// that lets a drain take them one at a time.
+function checkExtras(extras, workers, job, byKind) {
+  const pdbs = byKind("PodDisruptionBudget");
+  const services = byKind("Service");
+  const seen = new Set();
+  for (const d of extras) {
+    const block = blockOf(d);
+    const w = `Deployment ${d.metadata.name}`;
+    const labels = d.spec.template.metadata.labels;
+    const spec = d.spec.template.spec;
+    check(d.metadata.name === `interlock-block-${block}-extra`, `${w}: name matches block ${block}`);
+    check(workers.some((p) => blockOf(p) === block), `${w}: block ${block} has a primary`);
+    check(!seen.has(block), `${w}: one extras Deployment for block ${block}`);
+    seen.add(block);
+    check(d.metadata.labels?.["interlock/role"] === "extra", `${w}: object label role extra`);
+    // 0 until scaled; unset where an autoscaler owns the count.
+    const scaled = byKind("HorizontalPodAutoscaler").some((h) =>
+      h.spec.scaleTargetRef?.kind === "Deployment" && h.spec.scaleTargetRef?.name === d.metadata.name);
+    check(scaled ? d.spec.replicas === undefined : d.spec.replicas === 0,
+      `${w}: ${scaled ? "replicas left to its autoscaler" : "no extra replicas until scaled"}`);
+    check(selects(d.spec.selector, labels) && d.spec.selector.matchLabels["interlock/block"] === block &&
+      d.spec.selector.matchLabels["interlock/role"] === "extra", `${w}: selector matches its pods, by block and role`);
+    for (const p of workers) {
+      check(!selects(d.spec.selector, p.spec.template.metadata.labels),
+        `${w}: selector leaves out the primary ${p.metadata.name}`);
+    }
+    const sleep = checkWorkerContainer(w, d);
+    const c = spec.containers[0];
+    const grpc = portNumber(c, "grpc");
+    // --coordinator: a Service of the coordinator exposing its membership port.
+    const target = flagValue(c.args, "coordinator") ?? "";
+    const [host, port] = target.split(":");
+    const svc = services.find((s) => s.metadata.name === host);
+    const jobContainer = job?.spec.template.spec.containers[0];
+    if (check(svc && job && subset(svc.spec.selector, job.spec.template.metadata.labels),
+      `${w}: --coordinator=${target} names a Service of the coordinator`)) {
+      const sp = svc.spec.ports?.find((p) => String(p.port) === port);
+      check(sp && portNumber(jobContainer, sp.targetPort ?? sp.port) ===
+        Number(flagValue(jobContainer.args, "coordinator-port")),
+        `${w}: Service ${host} exposes port ${port} on the coordinator's --coordinator_port`);
+    }
+    const blockArg = flagValue(c.args, "block");
+    check(blockArg === block || envField(c, blockArg) === "metadata.labels['interlock/block']",
+      `${w}: --block=${blockArg} is its block label ${block}`);
+    const advertise = flagValue(c.args, "advertise") ?? "";
+    const colon = advertise.lastIndexOf(":");
+    check(envField(c, advertise.slice(0, colon)) === "status.podIP" &&
+      Number(advertise.slice(colon + 1)) === grpc,
+      `${w}: --advertise=${advertise} is the pod IP and the grpc port`);
+    check(envField(c, flagValue(c.args, "collective_host")) === "status.podIP",
+      `${w}: --collective_host is the pod IP`);
+    const config = flagValue(c.args, "run_config");
+    const configVolume = config && volumeFor(spec, c, config);
+    const configMap = configVolume?.configMap &&
+      byKind("ConfigMap").find((m) => m.metadata.name === configVolume.configMap.name);
+    const jobConfig = job && volumeFor(job.spec.template.spec, jobContainer,
+      flagValue(jobContainer.args, "config") ?? "")?.configMap?.name;
+    check(configMap?.data?.[path.basename(config)] && configMap.metadata.name === jobConfig,
+      `${w}: --run_config is the coordinator's run config`);
+    const drain = Number(flagValue(c.args, "drain_timeout") ?? 120);
+    // preStop, then SIGTERM: Leave (at most --drain_timeout), then the
+    // worker's graceful shutdown (5 s).
+    check(spec.terminationGracePeriodSeconds >= sleep + drain + 5 + 1,
+      `${w}: terminationGracePeriodSeconds ${spec.terminationGracePeriodSeconds} covers ` +
+      `preStop ${sleep} s + --drain_timeout ${drain} s + shutdown`);
+    const pdb = pdbs.filter((p) => selects(p.spec.selector, labels));
+    if (check(pdb.length === 1, `${w}: exactly one PodDisruptionBudget`)) {
+      check(pdb[0].spec.maxUnavailable >= 1 && pdb[0].spec.minAvailable === undefined,
+        `PodDisruptionBudget ${pdb[0].metadata.name}: maxUnavailable (extras drain one at a time)`);
+      check(workers.every((p) => !selects(pdb[0].spec.selector, p.spec.template.metadata.labels)),
+        `PodDisruptionBudget ${pdb[0].metadata.name}: selects no primary`);
+    }
+  }
+}
+
+// The coordinator of an elastic overlay: membership service and store on
+// fixed ports behind a Service, the store advertised at the pod IP.
+function checkCoordinatorMembership(job, byKind) {
+  const w = `Job ${job.metadata.name}`;
+  const c = job.spec.template.spec.containers[0];
+  const svc = byKind("Service").filter((s) => subset(s.spec.selector, job.spec.template.metadata.labels) &&
+    Object.keys(s.spec.selector ?? {}).length);
+  if (!check(svc.length === 1, `${w}: one Service selects the coordinator`)) return;
+  check(svc[0].spec.clusterIP !== "None", `Service ${svc[0].metadata.name}: has a cluster IP`);
+  for (const flag of ["coordinator-port", "collective-port"]) {
+    const port = Number(flagValue(c.args, flag));
+    check(port > 0 && c.ports?.some((p) => p.containerPort === port),
+      `${w}: --${flag}=${port} is a fixed container port`);
+    check(svc[0].spec.ports?.some((p) => portNumber(c, p.targetPort ?? p.port) === port),
+      `Service ${svc[0].metadata.name}: exposes the coordinator's --${flag}`);
+  }
+  check(envField(c, flagValue(c.args, "collective-host")) === "status.podIP",
+    `${w}: --collective_host is the pod IP (where the workers reach the store)`);
 }
 
 // A worker runs its block on a GPU (--device=cuda[:N]) exactly when its pod
@@ -308,7 +453,7 @@ function networkPeers(policies, labels, direction, pods) {
     if (!selects(p.spec.podSelector, labels)) continue;
     for (const rule of p.spec[direction] ?? []) {
       const peers = rule[direction === "ingress" ? "from" : "to"];
-      const ports = (rule.ports ?? [{ port: "any" }]).map((x) => x.port);
+      const ports = (rule.ports ?? [{ port: "any" }]).map((x) => x.port ?? "any");
       for (const peer of peers ?? [{ any: true }]) {
         const name = peer.any ? "anyone" : peerName(peer);
         for (const port of ports) out.add(`${name}:${port}`);
@@ -318,7 +463,7 @@ function networkPeers(policies, labels, direction, pods) {
   return [...out].sort().join(" ");
 }
 
-function checkNetwork(name, objects, workers, job) {
+function checkNetwork(name, objects, workers, job, extras) {
   const policies = objects.filter((o) => o.kind === "NetworkPolicy");
   const deny = policies.filter((p) => Object.keys(p.spec.podSelector ?? {}).length === 0 ||
     (Object.keys(p.spec.podSelector.matchLabels ?? {}).length === 0 &&
@@ -326,22 +471,32 @@ function checkNetwork(name, objects, workers, job) {
   check(deny.length === 1 && deny[0].spec.policyTypes?.includes("Ingress") &&
     deny[0].spec.policyTypes?.includes("Egress") && !deny[0].spec.ingress?.length &&
     !deny[0].spec.egress?.length, "one default-deny NetworkPolicy (ingress and egress)");
-  const pods = workers.map((d) => ({
-    name: `block-${d.spec.template.metadata.labels["interlock/block"]}`,
-    labels: d.spec.template.metadata.labels }));
+  const pods = [...workers, ...extras].map((d) => ({
+    name: `block-${blockOf(d)}${isExtra(d) ? "-extra" : ""}`,
+    block: Number(blockOf(d)),
+    labels: d.spec.template.metadata.labels }))
+    .sort((a, b) => (a.name < b.name ? -1 : 1));
   if (job) pods.push({ name: "coordinator", labels: job.spec.template.metadata.labels });
   const k = workers.length;
+  const elastic = extras.length > 0;
+  // A block's pods as networkPeers names them: its primary, and its extras.
+  const group = (b) => pods.filter((p) => p.block === b).map((p) => p.name).join("|");
   for (const pod of pods) {
     let ingress;
     let egress;
     if (pod.name === "coordinator") {
-      ingress = "prometheus:metrics";
+      ingress = ["prometheus:metrics", elastic ? "blocks:membership blocks:store" : null]
+        .filter((x) => x).sort().join(" ");
       egress = "blocks:7070 dns:53";
     } else {
-      const b = Number(pod.name.slice(6));
-      ingress = [b > 0 ? `block-${b - 1}:grpc` : null, "coordinator:grpc", "prometheus:metrics"]
+      const b = pod.block;
+      // Replicas of one block reduce over Gloo: any TCP port, both ways.
+      const replicas = extras.some((e) => Number(blockOf(e)) === b) ? `${group(b)}:any` : null;
+      ingress = [b > 0 ? `${group(b - 1)}:grpc` : null, "coordinator:grpc", "prometheus:metrics", replicas]
         .filter((x) => x).sort().join(" ");
-      egress = [b + 1 < k ? `block-${b + 1}:7070` : null, "dns:53"].filter((x) => x).sort().join(" ");
+      egress = [b + 1 < k ? `${group(b + 1)}:7070` : null, "dns:53", replicas,
+        elastic ? "coordinator:7071 coordinator:7072" : null]
+        .filter((x) => x).join(" ").split(" ").sort().join(" ");
     }
     const gotIn = networkPeers(policies, pod.labels, "ingress", pods);
     const gotOut = networkPeers(policies, pod.labels, "egress", pods);
@@ -350,10 +505,11 @@ function checkNetwork(name, objects, workers, job) {
   }
 }
 
-function checkMonitoring(byKind, workers, job) {
+function checkMonitoring(byKind, workers, job, extras) {
   const monitors = byKind("PodMonitor");
   const targets = [
-    ["interlock-worker", workers[0]?.spec.template], ["interlock-coordinator", job?.spec.template]];
+    ["interlock-worker", workers[0]?.spec.template], ["interlock-coordinator", job?.spec.template],
+    ...extras.map((e) => ["interlock-worker", e.spec.template])];
   for (const [jobName, template] of targets) {
     if (!template) continue;
     const m = monitors.filter((pm) => selects(pm.spec.selector, template.metadata.labels));
@@ -380,7 +536,7 @@ function checkDashboards(byKind) {
   }
 }
 
-function checkAutoscaling(byKind, workers) {
+function checkAutoscaling(byKind, workers, extras) {
   const hpas = byKind("HorizontalPodAutoscaler");
   if (!hpas.length) return;
   const adapter = byKind("ConfigMap").find((c) => c.data?.["config.yaml"]?.includes("rules"));
@@ -388,10 +544,19 @@ function checkAutoscaling(byKind, workers) {
   const served = new Set(rules.map((r) => r.name?.as));
   check(rules.every((r) => r.seriesQuery && r.metricsQuery && r.resources?.overrides?.pod),
     "adapter rules have seriesQuery, metricsQuery and a pod resource");
-  check(hpas.length === workers.length, "one HorizontalPodAutoscaler per block");
+  // A primary is one pod (the one --workers lists): autoscalers scale the
+  // extras, within the run's replica limit (replicas <= micro-batches).
+  check(hpas.length === extras.length && extras.length > 0,
+    "one HorizontalPodAutoscaler per block's extras Deployment");
+  const microbatches = runMicrobatches(byKind);
   for (const h of hpas) {
-    check(workers.some((d) => d.metadata.name === h.spec.scaleTargetRef?.name &&
-      h.spec.scaleTargetRef?.kind === "Deployment"), `HPA ${h.metadata.name}: targets a block`);
+    check(extras.some((d) => d.metadata.name === h.spec.scaleTargetRef?.name &&
+      h.spec.scaleTargetRef?.kind === "Deployment"), `HPA ${h.metadata.name}: targets a block's extras`);
+    check(h.spec.minReplicas >= 1 && h.spec.maxReplicas >= h.spec.minReplicas,
+      `HPA ${h.metadata.name}: 1 <= minReplicas <= maxReplicas`);
+    check(h.spec.maxReplicas + 1 <= microbatches,
+      `HPA ${h.metadata.name}: maxReplicas ${h.spec.maxReplicas} + the primary <= ` +
+      `training.microbatches ${microbatches}`);
     for (const m of h.spec.metrics ?? []) {
       check(m.type === "Pods" && served.has(m.pods?.metric?.name),
         `HPA ${h.metadata.name}: metric ${m.pods?.metric?.name} is served by the adapter rule`);
@@ -436,15 +601,21 @@ async function checkOverlay(dir) {
     check(labels["interlock/run"] === [...runs][0], `${name}: ${w.kind} ${w.metadata.name}: pods carry the run label`);
     checkPodSpec(`${name}: ${w.kind} ${w.metadata.name}`, w.spec.template, byKind);
   }
-  const workers = workloads.filter((o) => o.kind === "Deployment" &&
+  const allWorkers = workloads.filter((o) => o.kind === "Deployment" &&
     o.spec.template.metadata.labels["app.kubernetes.io/component"] === "worker");
+  const workers = allWorkers.filter((d) => !isExtra(d));
+  const extras = allWorkers.filter(isExtra);
   const jobs = workloads.filter((o) => o.kind === "Job");
-  const chain = checkWorkers(workers, byKind);
+  const chain = checkWorkers(workers, byKind, extras);
   checkCoordinator(jobs, chain, byKind);
-  checkNetwork(name, objects, workers, jobs[0]);
-  checkMonitoring(byKind, workers, jobs[0]);
+  if (extras.length) {
+    checkExtras(extras, workers, jobs[0], byKind);
+    if (jobs.length === 1) checkCoordinatorMembership(jobs[0], byKind);
+  }
+  checkNetwork(name, objects, workers, jobs[0], extras);
+  checkMonitoring(byKind, workers, jobs[0], extras);
   checkDashboards(byKind);
-  checkAutoscaling(byKind, workers);
+  checkAutoscaling(byKind, workers, extras);
   check(byKind("ConfigMap").some((c) => Object.keys(c.data ?? {}).some((k) => k.endsWith(".pbtxt"))),
     `${name}: a run config ConfigMap`);
   console.log(`${failures === before ? "ok  " : "FAIL"} ${name}: ${objects.length} objects`);
