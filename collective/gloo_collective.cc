@@ -109,20 +109,24 @@ absl::StatusOr<std::shared_ptr<Collective>> ConnectGloo(const GlooOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, ": store address '", o.store_host, ":", o.store_port, "'"));
   }
-  if (o.timeout <= absl::ZeroDuration()) {
+  if (o.timeout <= absl::ZeroDuration() ||
+      o.rendezvous_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name, ": timeout must be positive"));
+        absl::StrCat(name, ": timeouts must be positive"));
   }
   const std::chrono::milliseconds timeout = Millis(o.timeout);
+  const std::chrono::milliseconds rendezvous = Millis(o.rendezvous_timeout);
   try {
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(o.store_port);
     so.isServer = false;
     so.waitWorkers = false;
-    so.timeout = timeout;
+    so.timeout = rendezvous;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(o.store_host, so);
     auto store = c10::make_intrusive<c10d::PrefixStore>(o.prefix, tcp);
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    // The group's timeout bounds its rendezvous; each reduction passes its
+    // own (GlooCollective).
+    auto options = c10d::ProcessGroupGloo::Options::create(rendezvous);
     options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(o.device_host));
     // Calls are made one at a time: one worker thread is enough.

@@ -24,11 +24,17 @@ struct GlooOptions {
   int size = 1;
   // The address this member's Gloo transport binds to and advertises.
   std::string device_host = "127.0.0.1";
-  // Bounds the rendezvous and every reduction.
+  // Bounds every reduction.
   absl::Duration timeout = absl::Seconds(30);
+  // Bounds the rendezvous. Shorter: the members of a block split each
+  // step's micro-batches, so they reach their first reduction within about
+  // one micro-batch of each other; a member that dies while the group forms
+  // (right after a topology change) holds the others only this long.
+  absl::Duration rendezvous_timeout = absl::Seconds(10);
 };
 
-// Joins the group: connects to the store and waits (up to the timeout) until
+// Joins the group: connects to the store and waits (up to the rendezvous
+// timeout) until
 // all `size` members have exchanged addresses. Every member calls it with
 // the same store, prefix and size and its own rank.
 //

@@ -303,6 +303,11 @@ class ClusterEngine : public Engine {
     if (dead.empty()) {
       return absl::FailedPreconditionError("no worker is gone");
     }
+    // A new rendezvous store: closing the old one ends every member's
+    // connection to it, so a survivor held in a group's rendezvous for a
+    // peer that died (the first reduction after a topology change) fails
+    // now instead of after Gloo's timeout, and can be reconfigured.
+    RETURN_IF_ERROR(RestartStore());
     Topology next(num_blocks());
     std::vector<MemberChange> changes;
     std::vector<std::string> states(num_blocks());
@@ -337,6 +342,16 @@ class ClusterEngine : public Engine {
     }
     RETURN_IF_ERROR(Reconfigure(next, from, states, std::move(changes)));
     return from;
+  }
+
+  absl::Status RestartStore() {
+    if (!store_) return absl::OkStatus();
+    store_.reset();
+    ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.collective_host,
+                                                options_.collective_port));
+    collective_address_ =
+        absl::StrCat(options_.collective_host, ":", store_->port());
+    return absl::OkStatus();
   }
 
   std::vector<TopologyEvent> TopologyHistory() const override {

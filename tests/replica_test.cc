@@ -439,7 +439,7 @@ TEST(Replicas, MissingMemberFailsTheRendezvousWithinTheTimeout) {
   auto server = StoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(server.ok()) << server.status();
   GlooOptions o{"127.0.0.1", (*server)->port(), NextPrefix(), 0, 2};
-  o.timeout = absl::Seconds(1);
+  o.rendezvous_timeout = absl::Seconds(1);
   const auto t0 = std::chrono::steady_clock::now();
   auto group = ConnectGloo(o);
   const double seconds =
@@ -485,7 +485,7 @@ TEST(Replicas, UnreachableStoreFailsWithinTheTimeout) {
     port = (*server)->port();
   }
   GlooOptions o{"127.0.0.1", port, NextPrefix(), 0, 2};
-  o.timeout = absl::Seconds(1);
+  o.rendezvous_timeout = absl::Seconds(1);
   const auto t0 = std::chrono::steady_clock::now();
   auto group = ConnectGloo(o);
   const double seconds =

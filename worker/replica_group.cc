@@ -18,20 +18,27 @@ class LazyGroup : public Collective {
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }
 
+  // A group that failed once stays failed: the block waits to be
+  // reconfigured, and a step it still runs meanwhile must not wait out
+  // another rendezvous timeout against a store or peer that is gone.
   absl::Status AllReduceSum(torch::Tensor& t) override {
     std::lock_guard<std::mutex> l(mu_);
+    if (!failed_.ok()) return failed_;
     if (!group_) {
       auto g = ConnectGloo(options_);
-      if (!g.ok()) return g.status();
+      if (!g.ok()) return failed_ = g.status();
       group_ = *std::move(g);
     }
-    return group_->AllReduceSum(t);
+    absl::Status s = group_->AllReduceSum(t);
+    if (!s.ok()) failed_ = s;
+    return s;
   }
 
  private:
   const GlooOptions options_;
   std::mutex mu_;
   std::shared_ptr<Collective> group_;
+  absl::Status failed_;
 };
 
 }  // namespace
