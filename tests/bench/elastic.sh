@@ -12,7 +12,10 @@
 #   and the coordinator's own drain/change split for each change.
 # Times are polled every 20 ms, so each is an upper bound by about that.
 #
-#   bash tests/bench/elastic.sh [REPEATS]      (env: BUILD, CONFIG, STEPS, M)
+#   bash tests/bench/elastic.sh [REPEATS]
+#   (env: BUILD, CONFIG, STEPS, M, EXTRA = more `interlock train` flags such
+#   as "--window 8": the drain before a change waits for every micro-batch
+#   in flight, 2 x K x M by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/bench/bench_lib.sh
@@ -53,7 +56,7 @@ start_worker() {  # DIR I [FLAGS...]
 }
 addr() { echo "127.0.0.1:$(cat "$1/w$2.port")"; }
 
-echo "elastic.sh: $CONFIG, M=$M, $STEPS steps, 2,1,1,1; $(nproc) cores," \
+echo "elastic.sh: $CONFIG, M=$M, $STEPS steps, 2,1,1,1 ${EXTRA:-}; $(nproc) cores," \
   "load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$REPEATS"); do
   cli=
@@ -67,7 +70,7 @@ for r in $(seq "$REPEATS"); do
   workers="$(addr "$dir" 0)+$(addr "$dir" 1),$(addr "$dir" 2),$(addr "$dir" 3),$(addr "$dir" 4)"
   out=$dir/out
   "$CLI" train --config "$dir/config.pbtxt" --engine cluster \
-    --workers "$workers" --steps "$STEPS" --coordinator_port 0 \
+    --workers "$workers" ${EXTRA:-} --steps "$STEPS" --coordinator_port 0 \
     --coordinator_host 127.0.0.1 --coordinator_port_file "$dir/port" \
     --out "$out" --quiet >"$dir/cli.log" 2>&1 &
   cli=$!
