@@ -34,9 +34,8 @@ struct GlooOptions {
 };
 
 // Joins the group: connects to the store and waits (up to the rendezvous
-// timeout) until
-// all `size` members have exchanged addresses. Every member calls it with
-// the same store, prefix and size and its own rank.
+// timeout) until all `size` members have exchanged addresses. Every member
+// calls it with the same store, prefix and size and its own rank.
 //
 // The returned Collective is not thread-safe (one caller at a time, as c10d
 // requires the same calls in the same order on every member). Once a

@@ -477,6 +477,34 @@ TEST(Replicas, IntegerSumOfFloatBitsIsACopy) {
   }
 }
 
+// A fail-over restarts the store on the port it had (a Kubernetes Service
+// names it): the port is free again at once, and a member waiting on the
+// old store fails instead of waiting out its timeout.
+TEST(Replicas, StoreRestartsOnItsPortAndFreesWaitingMembers) {
+  auto first = StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  GlooOptions o{"127.0.0.1", port, NextPrefix(), 0, 2};
+  o.rendezvous_timeout = absl::Seconds(20);
+  absl::StatusOr<std::shared_ptr<Collective>> waiting;
+  double seconds = 0;
+  std::thread member([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    waiting = ConnectGloo(o);  // rank 1 never comes
+    seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  first->reset();
+  auto second = StoreServer::Start("127.0.0.1", port);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*second)->port(), port);
+  member.join();
+  EXPECT_FALSE(waiting.ok());
+  EXPECT_LT(seconds, 10.0) << waiting.status();
+}
+
 TEST(Replicas, UnreachableStoreFailsWithinTheTimeout) {
   int port = 0;
   {
