@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The paper's headline as one command (issue 14; results in docs/results/).
+# Not a test: it is not part of ctest.
+#
+#   tests/bench/headline.sh CONFIG OUTDIR [BUDGET]
+#
+# Runs `interlock compare` on CONFIG with E2E, 1-way, 2-way and 3-way, every
+# mode once per seed, all stopped at the same *virtual* time BUDGET (the
+# time the run would take with one accelerator per block), in process on
+# one thread (compare's default), and then tests/bench/headline_stats.py,
+# which writes OUTDIR/headline.md: each mode's virtual step against E2E's
+# and the virtual time each run needs to reach E2E's final test metric.
+#
+# The rule of the interlocked modes is the config's (`rule: SUM` gives
+# e2e,1,2sum,3sum; otherwise e2e,1,2,3 FURTHEST): the ready configs name the
+# better rule for their model family (DESIGN §1).
+#
+# BUDGET defaults per ready config (chosen so that both headlines together
+# take about an hour on a 2-core machine; docs/results/*/report.md says how
+# many steps each mode does):
+#   fmnist_resnet_k4    80s
+#   kjv_transformer_k4  120s
+#
+# Settings (environment variables):
+#   INTERLOCK=build/coordinator/interlock
+#   SEEDS=1,2,3
+#   MODES=...      overrides the modes derived from the config
+#   NICE=19        niceness of the runs (0: none)
+set -euo pipefail
+if [[ $# -lt 2 || $# -gt 3 ]]; then
+  echo "usage: $0 CONFIG OUTDIR [BUDGET]" >&2
+  exit 2
+fi
+config=$1
+out=$2
+cd "$(dirname "$0")/../.."
+INTERLOCK=${INTERLOCK:-build/coordinator/interlock}
+SEEDS=${SEEDS:-1,2,3}
+NICE=${NICE:-19}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+
+name=$(sed -n 's/^name: *"\(.*\)".*/\1/p' "$config")
+budget=${3:-}
+if [[ -z $budget ]]; then
+  case $name in
+    fmnist_resnet_k4) budget=80s ;;
+    kjv_transformer_k4) budget=120s ;;
+    *)
+      echo "$0: no default budget for config '$name'; give BUDGET" >&2
+      exit 2
+      ;;
+  esac
+fi
+if [[ -z ${MODES:-} ]]; then
+  if grep -Eq '^ *rule: *SUM' "$config"; then
+    MODES=e2e,1,2sum,3sum
+  else
+    MODES=e2e,1,2,3
+  fi
+fi
+
+mkdir -p "$out"
+{
+  echo "start: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "nproc: $(nproc)"
+  echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
+  echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+} >"$out/machine.txt"
+
+cmd=("$INTERLOCK" compare --config "$config" --modes "$MODES"
+     --seeds "$SEEDS" --budget-virtual "$budget" --out "$out")
+if [[ $NICE != 0 ]]; then
+  cmd=(nice -n "$NICE" "${cmd[@]}")
+fi
+echo "${cmd[*]}" | tee -a "$out/machine.txt" >&2
+status=0
+"${cmd[@]}" || status=$?
+{
+  echo "end: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "compare exit status: $status"
+} >>"$out/machine.txt"
+python3 tests/bench/headline_stats.py "$out" >"$out/headline.md" || status=1
+cat "$out/headline.md"
+exit "$status"
