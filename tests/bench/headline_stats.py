@@ -134,7 +134,7 @@ def main():
     order.sort(key=lambda m: (m != "e2e", ways(m) or 0, m))
     text = any(math.isfinite(metric_of(e, True))
                for _, _, ev in runs["e2e"] for e in ev if "perplexity" in e)
-    what = "perplexity" if text else "accuracy (%)"
+    what = "perplexity" if text else "accuracy"
     unit = "" if text else "%"
     dec = 3 if text else 2
 
@@ -168,7 +168,7 @@ def main():
           "virtual time and, in brackets, the crossing interpolated from the "
           "evaluation before it; \"no\" where the run never reached it.\n")
     print("| mode | " + " | ".join(
-        f"seed {s}" for s, _, _ in runs["e2e"]) + " | mean (reaching runs) |")
+        (f"seed {s}" if s is not None else "run") for s, _, _ in runs["e2e"]) + " | mean (reaching runs) |")
     print("|---|" + "---:|" * (len(runs["e2e"]) + 1))
     seeds = [s for s, _, _ in runs["e2e"]]
     times = {}
