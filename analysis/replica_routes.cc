@@ -51,20 +51,35 @@ absl::Status CheckReplicas(const std::vector<int>& replicas, int num_blocks,
 namespace {
 
 // How many of `m` micro-batches each replica runs: in proportion to the
-// weights (largest remainder), at least one each; ties and the remainder go
-// round-robin from `start`.
+// weights, at least one each (largest remainder); ties and the remainder go
+// round-robin from `start`. Each replica gets one, then the rest goes by
+// how far each still is below its proportional share, so 2:1 over 4 gives
+// 3 and 1. Equal weights split the rest equally.
 std::vector<int> Shares(int m, const std::vector<double>& w, int start) {
   const int r = static_cast<int>(w.size());
   std::vector<int> n(r, 1);
   int left = m - r;
+  if (left <= 0) return n;
   double total = 0;
   for (double x : w) total += std::max(x, 0.0);
-  if (left <= 0) return n;
+  std::vector<double> need(r, 1.0);
+  double needed = 0;
+  const bool equal = std::all_of(w.begin(), w.end(),
+                                 [&](double x) { return x == w[0]; });
+  if (total > 0 && !equal) {
+    for (int i = 0; i < r; ++i) {
+      need[i] = std::max(m * std::max(w[i], 0.0) / total - 1.0, 0.0);
+      needed += need[i];
+    }
+  }
+  if (!(needed > 0)) {
+    need.assign(r, 1.0);
+    needed = r;
+  }
   std::vector<double> rest(r, 0.0);
   int given = 0;
   for (int i = 0; i < r; ++i) {
-    const double exact =
-        total > 0 ? left * std::max(w[i], 0.0) / total : double(left) / r;
+    const double exact = left * need[i] / needed;
     const int whole = static_cast<int>(exact);
     n[i] += whole;
     given += whole;

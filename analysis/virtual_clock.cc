@@ -59,6 +59,16 @@ double PipelineSim::BusyPhase(int block, SpanKind kind) const {
   return busy;
 }
 
+double PipelineSim::ReplicaMicrobatchSeconds(int block, int replica) const {
+  const Track& t = tracks_[shape_.Track(block, replica)];
+  double seconds = 0;
+  for (SpanKind kind : {SpanKind::kForward, SpanKind::kHead,
+                        SpanKind::kBackward, SpanKind::kInputGrad}) {
+    seconds += t.phase_busy[static_cast<int>(kind)];
+  }
+  return seconds;
+}
+
 int PipelineSim::TrackOf(int block, int64_t step, int mb) {
   const int first = shape_.Track(block, 0);
   if (shape_.Replicas(block) == 1) return first;
@@ -225,6 +235,7 @@ bool PipelineSim::Drain(int k, double& t) {
       AddSpan(k, SpanKind::kHead, b.step, mb, t, d->head);
       t += d->head;
       ++b.forwarded;
+      ++b.microbatches;
       // Entries that train no block never come (GradientLists::Used).
       b.states[{b.step, mb}].down_count += shape_.Lists().UnusedDown(block);
       if (block + 1 < shape_.blocks) {

@@ -187,6 +187,18 @@ class PipelineSim {
   double ReplicaBusy(int block, int replica) const {
     return tracks_[shape_.Track(block, replica)].busy;
   }
+  // Micro-batches one replica has forwarded, and its seconds of
+  // per-micro-batch work (forward, head, backward, input gradients; not the
+  // optimizer or reduction): its measured throughput.
+  int64_t ReplicaMicrobatches(int block, int replica) const {
+    return tracks_[shape_.Track(block, replica)].microbatches;
+  }
+  double ReplicaMicrobatchSeconds(int block, int replica) const;
+  // The routes of `step` as the engine runs them (before the step is
+  // submitted); steps without them are split with equal weights.
+  void SetRoutes(int64_t step, std::vector<int32_t> routes) {
+    routes_[step] = std::move(routes);
+  }
   const std::vector<Span>& spans() const { return spans_; }
   const PipelineShape& shape() const { return shape_; }
 
@@ -201,8 +213,9 @@ class PipelineSim {
     int block = 0;
     int replica = 0;
     int64_t step = 0;
-    std::vector<int> own;  // this step's micro-batches here, in order
-    int forwarded = 0;     // of `own`
+    std::vector<int> own;      // this step's micro-batches here, in order
+    int forwarded = 0;         // of `own`
+    int64_t microbatches = 0;  // forwarded in all steps
     int backwarded = 0;
     bool at_reduction = false;  // waiting for, or in, the step's reduction
     bool reduced = false;       // the optimizer step may run

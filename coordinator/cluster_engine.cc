@@ -344,6 +344,26 @@ class ClusterEngine : public Engine {
     return from;
   }
 
+  // Whether `routes` are a step's routes for the current topology: one
+  // replica per (micro-batch, block), in range, every replica with work.
+  bool Fits(const std::vector<int32_t>& routes) const {
+    const int m = config_.training().microbatches();
+    const int k = num_blocks();
+    if (routes.size() != static_cast<size_t>(m) * k) return false;
+    for (int b = 0; b < k; ++b) {
+      std::vector<int> count(replicas_[b], 0);
+      for (int mb = 0; mb < m; ++mb) {
+        const int32_t r = routes[static_cast<size_t>(mb) * k + b];
+        if (r < 0 || r >= replicas_[b]) return false;
+        ++count[r];
+      }
+      for (int c : count) {
+        if (c == 0) return false;
+      }
+    }
+    return true;
+  }
+
   absl::Status RestartStore() {
     if (!store_) return absl::OkStatus();
     store_.reset();
@@ -406,8 +426,12 @@ class ClusterEngine : public Engine {
     int replica = 0;
     if (Replicated(replicas_)) {
       if (routes_step_ != msg.step) {
-        routes_ =
-            RouteStep(msg.step, config_.training().microbatches(), replicas_);
+        // The runner's (measured throughput) if they fit this topology,
+        // else equal shares.
+        routes_ = Fits(msg.routes)
+                      ? msg.routes
+                      : RouteStep(msg.step, config_.training().microbatches(),
+                                  replicas_);
         routes_step_ = msg.step;
       }
       msg.routes = routes_;

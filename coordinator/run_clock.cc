@@ -52,6 +52,32 @@ void RunClock::Submitted(int64_t step, int mb, int m) {
   }
 }
 
+void RunClock::SetRoutes(int64_t step, std::vector<int32_t> routes) {
+  // A step the replay already placed (resubmitted after a recovery) keeps
+  // the routes it was replayed with.
+  if (sim_ && step - base_ >= sim_->steps_finished()) {
+    sim_->SetRoutes(step - base_, std::move(routes));
+  }
+}
+
+std::vector<std::vector<double>> RunClock::ReplicaRates(
+    int64_t min_microbatches) const {
+  if (!sim_) return {};
+  const PipelineShape& shape = sim_->shape();
+  std::vector<std::vector<double>> rates(shape.blocks);
+  for (int k = 0; k < shape.blocks; ++k) {
+    const int replicas = shape.Replicas(k);
+    if (replicas < 2) continue;  // nothing to weigh
+    for (int r = 0; r < replicas; ++r) {
+      const int64_t n = sim_->ReplicaMicrobatches(k, r);
+      const double seconds = sim_->ReplicaMicrobatchSeconds(k, r);
+      if (n < min_microbatches || !(seconds > 0)) return {};
+      rates[k].push_back(static_cast<double>(n) / seconds);
+    }
+  }
+  return rates;
+}
+
 void RunClock::OnMicrobatch(int64_t step, int mb,
                             const std::vector<OpTiming>& timings) {
   if (!fed_.insert({step, mb}).second) return;

@@ -67,6 +67,12 @@ class RunClock {
   // Micro-batch `mb` of `step` (of M per step) was submitted. A replay after
   // a recovery submits again what the clock knows already.
   void Submitted(int64_t step, int mb, int m);
+  // The routes the engine runs `step` with (before it is submitted).
+  void SetRoutes(int64_t step, std::vector<int32_t> routes);
+  // Each replica's measured throughput, micro-batches per second of its
+  // per-micro-batch work, by block then replica; empty until every replica
+  // of every replicated block has run `min_microbatches`.
+  std::vector<std::vector<double>> ReplicaRates(int64_t min_microbatches) const;
   // Measured durations; a replayed step's are on the clock already.
   void OnMicrobatch(int64_t step, int mb, const std::vector<OpTiming>& t);
   void OnOptimizer(int64_t step, int block, double seconds);

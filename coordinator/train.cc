@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "analysis/replica_routes.h"
 #include "coordinator/engine_factory.h"
 #include "coordinator/evaluation.h"
 #include "coordinator/partition.h"
@@ -144,6 +145,7 @@ class Runner {
       }
       const double lr = plan.LearningRate(s);
       s_.records.SetLearningRate(s, lr);
+      std::vector<int32_t> routes;
       for (int mb = 0; mb < m; ++mb) {
         while (in_flight_ >= plan.window()) RETURN_IF_ERROR(HandleNext());
         auto [x, y] = data_.train->Gather(plan.Samples(s, mb));
@@ -153,9 +155,14 @@ class Runner {
               codec_.activations().MaxEncodedBytes(x.scalar_type(), x.numel()),
               static_cast<int64_t>(y.nbytes())));
         }
+        if (mb == 0) {
+          routes = MeasuredRoutes(s);
+          if (!routes.empty()) s_.clock.SetRoutes(s, routes);
+        }
         ForwardMsg msg;
         msg.step = s;
         msg.mb = mb;
+        msg.routes = routes;
         msg.lr = lr;
         msg.input = std::move(x);
         msg.target = std::move(y);
@@ -310,6 +317,26 @@ class Runner {
     }
     s_.clock.Advance();
     return s_.records.EmitReady();
+  }
+
+  // The routes of step s in proportion to each replica's measured
+  // throughput (DESIGN §2.4), the same for the engine and the clock; empty
+  // (the engine splits equally) in process, where replicas are only
+  // modelled, with RING, whose sums depend on which replica ran what, once
+  // the topology has changed (the clock replays the starting one), and
+  // until every replica has run a few micro-batches.
+  std::vector<int32_t> MeasuredRoutes(int64_t s) {
+    if (o_.engine.kind != EngineKind::kCluster ||
+        c_.training().reduction() == interlock::v1::TrainingSpec::RING ||
+        !engine_.TopologyHistory().empty()) {
+      return {};
+    }
+    const std::vector<int> replicas = Replicas();
+    if (!Replicated(replicas)) return {};
+    constexpr int64_t kMinMicrobatches = 4;
+    const auto rates = s_.clock.ReplicaRates(kMinMicrobatches);
+    if (rates.empty()) return {};
+    return RouteStep(s, s_.plan.microbatches(), replicas, rates);
   }
 
   const RunConfig& c_;

@@ -368,6 +368,56 @@ TEST(VirtualClockTest, ReductionCostFollowsBytesAndBandwidth) {
   EXPECT_NEAR(step(10000, 1e6), 6.16, 1e-9);
 }
 
+// Routes the runner sets (measured throughput, DESIGN §2.4) are the ones
+// replayed, and each replica's micro-batches and seconds are what the
+// runner weighs the next routes by.
+TEST(VirtualClockTest, SetRoutesAreReplayedAndGiveEachReplicaItsRate) {
+  PipelineSim sim(SlowFirstBlock({2, 1}), 10);
+  // Step 0 split equally; steps 1 and 2: replica 0 of block 0 runs three
+  // micro-batches, replica 1 one (routes[mb * K + k]).
+  const std::vector<int32_t> three_one = {0, 0, 0, 0, 1, 0, 0, 0};
+  sim.SetRoutes(1, three_one);
+  sim.SetRoutes(2, three_one);
+  for (int64_t s = 0; s < 3; ++s) {
+    for (int mb = 0; mb < 4; ++mb) {
+      // Micro-batch 2 of steps 1 and 2 runs on replica 1: three times
+      // slower there (forward 3, backward 6).
+      const double f = (s > 0 && mb == 2) ? 3.0 : 1.0;
+      sim.SetMicrobatch(s, mb, {{f, 0.0, 2 * f, 0.0}, {0.5, 0.0, 0.5, 0.0}});
+    }
+    sim.SetOptimizer(s, 0, 0.0);
+    sim.SetOptimizer(s, 1, 0.0);
+  }
+  sim.SetSubmitted(12);
+  sim.Finish();
+  sim.Advance();
+  ASSERT_EQ(sim.steps_finished(), 3);
+  // Step 0: 2 + 2; steps 1-2: 3 + 1 each.
+  EXPECT_EQ(sim.ReplicaMicrobatches(0, 0), 2 + 3 + 3);
+  EXPECT_EQ(sim.ReplicaMicrobatches(0, 1), 2 + 1 + 1);
+  EXPECT_EQ(sim.ReplicaMicrobatches(1, 0), 12);
+  EXPECT_NEAR(sim.ReplicaMicrobatchSeconds(0, 0), 8 * 3.0, 1e-9);
+  EXPECT_NEAR(sim.ReplicaMicrobatchSeconds(0, 1), 2 * 3.0 + 2 * 9.0, 1e-9);
+  int on_replica_1 = 0;
+  for (const Span& sp : sim.spans()) {
+    if (sp.block == 0 && sp.step > 0 && sp.kind == SpanKind::kForward) {
+      EXPECT_EQ(sp.replica, sp.mb == 2 ? 1 : 0) << sp.step << " " << sp.mb;
+      on_replica_1 += sp.replica;
+    }
+  }
+  EXPECT_EQ(on_replica_1, 2);
+  // Rates 8/24 and 4/24 micro-batches per second: 2:1, so a step of 4
+  // gives the faster replica 3 and the slower 1 (at least one each).
+  const std::vector<std::vector<double>> rates = {
+      {8.0 / sim.ReplicaMicrobatchSeconds(0, 0),
+       4.0 / sim.ReplicaMicrobatchSeconds(0, 1)},
+      {}};
+  const std::vector<int32_t> routes = RouteStep(3, 4, {2, 1}, rates);
+  int first = 0;
+  for (int mb = 0; mb < 4; ++mb) first += routes[mb * 2] == 0;
+  EXPECT_EQ(first, 3);
+}
+
 TEST(VirtualClockTest, ReplicasFinishEveryModeAndRouting) {
   // Gradients go back to the replica that ran the micro-batch's forward;
   // every mode and topology must replay to the end, and here more replicas
