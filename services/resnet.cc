@@ -145,6 +145,11 @@ absl::StatusOr<std::vector<Unit>> ResNetUnits(
     return absl::InvalidArgumentError(absl::StrCat(
         "model.resnet.block_type: '", type, "', expected basic or bottleneck"));
   }
+  if (!interlock::v1::ResNetSpec::MemoryFormat_IsValid(r.memory_format())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.resnet.memory_format: ", r.memory_format(),
+                     ", expected CONTIGUOUS or CHANNELS_LAST"));
+  }
   if (r.architecture().empty()) {
     return absl::InvalidArgumentError(
         "model.resnet.architecture: empty, expected 'planes,blocks/...'");

@@ -345,7 +345,11 @@ constexpr int64_t kStateFormat = 2;
 // process (with or without a GPU) can read them.
 c10::IValue NamedToIValue(const std::map<std::string, torch::Tensor>& named) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
-  for (const auto& [name, t] : named) d.insert(name, t.detach().cpu());
+  // NCHW whatever the block computes in (model.resnet.memory_format): the
+  // reader accepts only contiguous tensors, and archives stay layout-free.
+  for (const auto& [name, t] : named) {
+    d.insert(name, t.detach().cpu().contiguous());
+  }
   return d;
 }
 

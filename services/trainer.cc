@@ -44,6 +44,14 @@ std::vector<torch::Tensor> ParamsOf(const torch::nn::Sequential& m) {
   return out;
 }
 
+// Re-lays a 4-D parameter or buffer out channels-last in place (the module
+// keeps the same tensor object); other tensors are left as they are.
+void ToChannelsLast(torch::Tensor& t) {
+  if (t.defined() && t.dim() == 4) {
+    t.set_data(t.contiguous(at::MemoryFormat::ChannelsLast));
+  }
+}
+
 }  // namespace
 
 const char* PhaseName(Phase p) {
@@ -84,6 +92,9 @@ TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
   o.compute_unused = t.compute_unused_gradients();
   o.output_range = WireRange(config.wire().activations());
   o.upstream_range = WireRange(config.wire().gradients());
+  o.channels_last = config.model().has_resnet() &&
+                    config.model().resnet().memory_format() ==
+                        interlock::v1::ResNetSpec::CHANNELS_LAST;
   return o;
 }
 
@@ -146,6 +157,19 @@ absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::FromModules(
       return absl::OkStatus();
     }));
   }
+  if (options.channels_last) {
+    // Values are unchanged; only the strides. Before the optimizer is
+    // built, so its state follows the parameters' layout.
+    RETURN_IF_ERROR(TorchGuard("channels-last", [&]() -> absl::Status {
+      torch::NoGradGuard no_grad;
+      for (const auto& m : {modules.block, modules.head}) {
+        if (!m) continue;
+        for (auto& t : m->parameters()) ToChannelsLast(t);
+        for (auto& t : m->buffers()) ToChannelsLast(t);
+      }
+      return absl::OkStatus();
+    }));
+  }
   std::unique_ptr<BlockTrainer> t(
       new BlockTrainer(options, std::move(modules), optimizer));
   ASSIGN_OR_RETURN(t->optimizer_,
@@ -202,7 +226,14 @@ absl::StatusOr<bool> BlockTrainer::CheckUpstream(int mb, int i, bool marked,
 }
 
 torch::Tensor BlockTrainer::OnDevice(torch::Tensor t) const {
-  return t.defined() ? t.to(options_.device) : t;
+  if (!t.defined()) return t;
+  t = t.to(options_.device);
+  // Whatever layout a tensor arrived in (the wire carries NCHW), the block
+  // computes on one: the same bits in process and on a cluster.
+  if (options_.channels_last && t.dim() == 4) {
+    t = t.contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  return t;
 }
 
 GradientLists BlockTrainer::lists() const {

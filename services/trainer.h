@@ -47,6 +47,9 @@ struct TrainerOptions {
   // Where the block, its head and everything they compute live (the
   // process's choice, not the config's: services/device.h).
   c10::Device device = c10::Device(c10::kCPU);
+  // model.resnet.memory_format CHANNELS_LAST: 4-D parameters, buffers and
+  // every 4-D tensor the block is handed are kept channels-last.
+  bool channels_last = false;
 };
 
 TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,

@@ -247,8 +247,16 @@ constexpr char kBlock[] = R"pb(
 )pb";
 
 std::unique_ptr<BlockTrainer> MakeTrainer(const std::string& optimizer,
-                                          int block = 0) {
-  auto c = ParseRunConfig(std::string(kBlock) + optimizer, "test");
+                                          int block = 0,
+                                          bool channels_last = false) {
+  std::string text = kBlock;
+  if (channels_last) {
+    const std::string plain = "resnet { architecture: \"8,1/16,1\" }";
+    text.replace(text.find(plain), plain.size(),
+                 "resnet { architecture: \"8,1/16,1\" "
+                 "memory_format: CHANNELS_LAST }");
+  }
+  auto c = ParseRunConfig(text + optimizer, "test");
   EXPECT_TRUE(c.ok()) << c.status();
   ApplyDefaults(*c);
   DataShape shape;
@@ -310,6 +318,44 @@ TEST(BlockState, LoadedStateContinuesBitwise) {
     TrainSteps(*fresh_opt, 3, 6);
     EXPECT_NE(Digest(*a), Digest(*fresh_opt));
   }
+}
+
+// A channels-last block (model.resnet.memory_format) computes on NHWC
+// tensors but archives NCHW ones: its state loads into another
+// channels-last block, which continues bitwise, and into a contiguous one
+// with the same values.
+TEST(BlockState, ChannelsLastArchivesAreNchwAndContinueBitwise) {
+  const char* opt = "optimizer { kind: SGD momentum: 0.9 nesterov: true }";
+  auto a = MakeTrainer(opt, 0, /*channels_last=*/true);
+  bool any_nhwc = false;
+  for (const auto& [name, t] : a->NamedState()) {
+    if (t.dim() == 4) {
+      any_nhwc = true;
+      EXPECT_TRUE(t.is_contiguous(at::MemoryFormat::ChannelsLast)) << name;
+    }
+  }
+  EXPECT_TRUE(any_nhwc);
+  TrainSteps(*a, 0, 3);
+  auto saved = a->SaveState(3);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  TrainSteps(*a, 3, 6);
+
+  auto b = MakeTrainer(opt, 0, /*channels_last=*/true);
+  auto step = b->LoadState(*saved, 3);
+  ASSERT_TRUE(step.ok()) << step.status();
+  for (const auto& [name, t] : b->NamedState()) {
+    if (t.dim() == 4) {
+      EXPECT_TRUE(t.is_contiguous(at::MemoryFormat::ChannelsLast)) << name;
+    }
+  }
+  TrainSteps(*b, 3, 6);
+  EXPECT_EQ(Digest(*a), Digest(*b));
+
+  auto plain = MakeTrainer(opt);
+  ASSERT_TRUE(plain->LoadState(*saved, 3).ok());
+  auto loaded = MakeTrainer(opt, 0, /*channels_last=*/true);
+  ASSERT_TRUE(loaded->LoadState(*saved, 3).ok());
+  EXPECT_EQ(Digest(*plain), Digest(*loaded));
 }
 
 TEST(BlockState, BadArchivesAreRefusedAndChangeNothing) {

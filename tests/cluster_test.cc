@@ -217,6 +217,55 @@ TEST_F(ClusterTest, TransformerCodecsBitwiseEqualInProcess) {
   CompareCodecs(kTransformer, Addresses(3));
 }
 
+// model.resnet.memory_format CHANNELS_LAST: the wire carries NCHW and every
+// block re-lays what it receives out channels-last, so the cluster stays
+// bitwise equal to the in-process engine; the numbers are the contiguous
+// run's up to the order of summation.
+TEST_F(ClusterTest, ResNetChannelsLastBitwiseEqualsInProcess) {
+  struct Mode {
+    v1::TrainingSpec::Mode mode;
+    int n;
+    v1::TrainingSpec::Rule rule;
+    int microbatches;
+  };
+  for (const Mode& mode :
+       {Mode{v1::TrainingSpec::E2E, 1, v1::TrainingSpec::FURTHEST, 1},
+        Mode{v1::TrainingSpec::INTERLOCK, 2, v1::TrainingSpec::FURTHEST, 2},
+        Mode{v1::TrainingSpec::INTERLOCK, 3, v1::TrainingSpec::SUM, 1}}) {
+    v1::RunConfig c = Parse(kResNet);
+    c.mutable_model()->set_partition("2,1,rest");
+    c.mutable_training()->set_mode(mode.mode);
+    c.mutable_training()->set_n(mode.n);
+    c.mutable_training()->set_rule(mode.rule);
+    c.mutable_training()->set_microbatches(mode.microbatches);
+    SCOPED_TRACE(::testing::Message() << "mode=" << mode.mode << " n=" << mode.n
+                                      << " rule=" << mode.rule);
+    TrainOptions local;
+    local.output.quiet = true;
+    auto contiguous = Train(c, local);
+    ASSERT_TRUE(contiguous.ok()) << contiguous.status();
+
+    c.mutable_model()->mutable_resnet()->set_memory_format(
+        v1::ResNetSpec::CHANNELS_LAST);
+    auto a = Train(c, local);
+    ASSERT_TRUE(a.ok()) << a.status();
+    TrainOptions cluster = local;
+    cluster.engine.kind = EngineKind::kCluster;
+    cluster.engine.workers = OnePerBlock(Addresses(3));
+    auto b = Train(c, cluster);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->block_digests, b->block_digests);
+    EXPECT_EQ(a->head_digests, b->head_digests);
+    ASSERT_EQ(a->eval.size(), b->eval.size());
+    ASSERT_EQ(a->eval.size(), contiguous->eval.size());
+    for (size_t i = 0; i < a->eval.size(); ++i) {
+      EXPECT_EQ(a->eval[i].loss, b->eval[i].loss);
+      EXPECT_NEAR(a->eval[i].loss, contiguous->eval[i].loss,
+                  1e-4 * std::abs(contiguous->eval[i].loss));
+    }
+  }
+}
+
 TEST_F(ClusterTest, WrongWorkerCountIsRefused) {
   v1::RunConfig c = Parse(kResNet);
   c.mutable_model()->set_partition("2,1,rest");
