@@ -232,16 +232,17 @@ bool PipelineSim::Drain(int k, double& t) {
       b.forward_queue.erase({b.step, mb});
       AddSpan(k, SpanKind::kForward, b.step, mb, t, d->forward);
       t += d->forward;
+      // The output leaves before the head runs, as BlockDriver sends it.
+      if (block + 1 < shape_.blocks) {
+        Push(t + shape_.link.Seconds(shape_.down_bytes[block]),
+             TrackOf(block + 1, b.step, mb), MsgKind::kForward, b.step, mb);
+      }
       AddSpan(k, SpanKind::kHead, b.step, mb, t, d->head);
       t += d->head;
       ++b.forwarded;
       ++b.microbatches;
       // Entries that train no block never come (GradientLists::Used).
       b.states[{b.step, mb}].down_count += shape_.Lists().UnusedDown(block);
-      if (block + 1 < shape_.blocks) {
-        Push(t + shape_.link.Seconds(shape_.down_bytes[block]),
-             TrackOf(block + 1, b.step, mb), MsgKind::kForward, b.step, mb);
-      }
       if (shape_.Early(block, 0)) EntryPass(k, b.step, mb, 0, *d, t);
       if (down == 0) Backward(k, mb, t);
       progress = true;

@@ -246,8 +246,10 @@ absl::Status BlockDriver::Drain() {
 
 absl::Status BlockDriver::RunForward(ForwardMsg msg) {
   lr_ = msg.lr;
+  // The output goes down before the head runs, so the next block starts
+  // while this one trains its head.
   auto forwarded =
-      trainer_->Forward(msg.mb, msg.input, msg.target, msg.nonfinite);
+      trainer_->ForwardBlock(msg.mb, msg.input, msg.target, msg.nonfinite);
   if (!forwarded.ok()) return AtStep(msg.step, forwarded.status());
   ForwardResult r = *std::move(forwarded);
   MbState& st = states_[{msg.step, msg.mb}];
@@ -269,6 +271,10 @@ absl::Status BlockDriver::RunForward(ForwardMsg msg) {
     down.routes = std::move(msg.routes);
     cb_.send_down(std::move(down));
   }
+  auto head = trainer_->ForwardHead(msg.mb);
+  if (!head.ok()) return AtStep(msg.step, head.status());
+  for (auto& rep : head->reports) st.reports.push_back(rep);
+  for (auto& t : head->timings) st.timings.push_back(t);
   // The block's own gradient is entry 0: upstream may have it at once.
   if (trainer_->IsEarlyEntry(0)) {
     RETURN_IF_ERROR(SendEntry(msg.step, msg.mb, 0, st, torch::Tensor()));

@@ -152,11 +152,15 @@ absl::Status Replication::StatsCapture::Keep() {
     int32_t calls = 1;
     if (n.count->defined())
       calls = static_cast<int32_t>(n.count->item<int64_t>());
-    if (calls > 1) {
+    if (calls > 1 || (calls == 1 && row[n.offset] != 0)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "block ", r_.block_, ": ", n.name, " ran ", calls,
-          " times in one forward: replicas cannot replay its statistics"));
+          "block ", r_.block_, ": ", n.name,
+          " ran more than once in one forward: replicas cannot replay its "
+          "statistics"));
     }
+    // The block and its head are captured apart (BlockTrainer::ForwardBlock
+    // and ForwardHead): each capture keeps only the layers that ran in it.
+    if (calls == 0) continue;
     row[n.offset] = calls;
     auto stats =
         torch::from_blob(row + n.offset + 1, {2, n.channels}, torch::kFloat32);

@@ -257,9 +257,10 @@ absl::StatusOr<EntryResult> BlockTrainer::Entry(int mb, int i,
                                                 const torch::Tensor& entry,
                                                 bool entry_nonfinite) {
   auto it = pending_.find(mb);
-  if (it == pending_.end()) {
+  if (it == pending_.end() || !it->second.head_done) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "block ", options_.block, ": micro-batch ", mb, " was not forwarded"));
+        "block ", options_.block, ": micro-batch ", mb,
+        it == pending_.end() ? " was not forwarded" : " has not run its head"));
   }
   if (!IsEarlyEntry(i)) {
     return absl::InternalError(absl::StrCat(
@@ -288,8 +289,89 @@ absl::StatusOr<EntryResult> BlockTrainer::Entry(int mb, int i,
   });
 }
 
-absl::StatusOr<ForwardResult> BlockTrainer::Forward(
-    int mb, const torch::Tensor& input, const torch::Tensor& target_in,
+absl::Status BlockTrainer::RunBlock(int mb, const torch::Tensor& input,
+                                    const torch::Tensor& target,
+                                    bool input_nonfinite, Pending& p,
+                                    ForwardResult& r) {
+  const torch::Tensor x = OnDevice(input);
+  p.target = OnDevice(target);
+  auto t0 = Clock::now();
+  p.input = UpstreamListSize() > 0 ? x.detach().requires_grad_(true) : x;
+  p.output = modules_.block->forward(p.input);
+  r.timings.push_back(
+      {options_.block, Phase::kForward, SecondsSince(device(), t0)});
+  p.input_nonfinite = input_nonfinite;
+  if (input_nonfinite) skip_step_ = true;
+  p.output_nonfinite = input_nonfinite;
+  if (!input_nonfinite && !AllWithin(p.output, SentRange())) {
+    RETURN_IF_ERROR(
+        OnNonFinite(absl::StrCat("micro-batch ", mb, ": output ",
+                                 NotCarried(SentRange(), "wire.activations"))));
+    p.output_nonfinite = true;
+  }
+  r.output_nonfinite = p.output_nonfinite;
+  if (!is_last()) {
+    r.output =
+        p.output_nonfinite ? torch::zeros_like(p.output) : p.output.detach();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockTrainer::RunHead(int mb, Pending& p, ForwardResult& r) {
+  p.head_done = true;
+  // The head (or the model's loss) sees the output detached: its update
+  // never reaches the block directly, only through the gradient list.
+  if (options_.e2e && !is_last()) return absl::OkStatus();
+  auto t0 = Clock::now();
+  auto detached = p.output.detach().requires_grad_(true);
+  torch::Tensor logits =
+      is_last() ? detached : modules_.head->forward(detached);
+  torch::Tensor raw;
+  if (is_last() && options_.test_loss_scale != 0.0f) {
+    raw = (logits * options_.test_loss_scale).sum();
+  } else {
+    raw = CrossEntropy(logits, p.target);
+  }
+  (raw / options_.microbatches).backward();
+  p.own_grad = detached.grad().detach();
+  LossReport rep;
+  rep.block = options_.block;
+  rep.loss = raw.item<double>();
+  if (p.output_nonfinite) {
+    // Computed from values standing for NaN or infinities: no loss.
+    rep.loss = std::numeric_limits<double>::quiet_NaN();
+    p.own_grad = torch::zeros_like(p.own_grad);
+    p.own_nonfinite = true;
+  } else if (!std::isfinite(rep.loss) || !AllFinite(p.own_grad)) {
+    RETURN_IF_ERROR(
+        OnNonFinite(absl::StrCat("micro-batch ", mb, ": loss is ", rep.loss)));
+    // The head's gradients are dropped with the skipped step; the block
+    // and the blocks above get zeros marked non-finite.
+    p.own_grad = torch::zeros_like(p.own_grad);
+    p.own_nonfinite = true;
+  }
+  rep.correct = Hits(logits.detach(), p.target);
+  rep.count = p.target.numel();
+  r.reports.push_back(rep);
+  r.timings.push_back(
+      {options_.block, Phase::kHead, SecondsSince(device(), t0)});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ForwardResult> BlockTrainer::Forward(int mb,
+                                                    const torch::Tensor& input,
+                                                    const torch::Tensor& target,
+                                                    bool input_nonfinite) {
+  ASSIGN_OR_RETURN(ForwardResult r,
+                   ForwardBlock(mb, input, target, input_nonfinite));
+  ASSIGN_OR_RETURN(ForwardResult head, ForwardHead(mb));
+  for (auto& rep : head.reports) r.reports.push_back(rep);
+  for (auto& t : head.timings) r.timings.push_back(t);
+  return r;
+}
+
+absl::StatusOr<ForwardResult> BlockTrainer::ForwardBlock(
+    int mb, const torch::Tensor& input, const torch::Tensor& target,
     bool input_nonfinite) {
   if (pending_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -302,69 +384,29 @@ absl::StatusOr<ForwardResult> BlockTrainer::Forward(
     // Replicas: this micro-batch's BatchNorm statistics are kept apart.
     std::optional<Replication::StatsCapture> capture;
     if (replication_) capture.emplace(*replication_, mb);
-    const torch::Tensor x = OnDevice(input);
-    const torch::Tensor target = OnDevice(target_in);
-    auto t0 = Clock::now();
-    p.input = UpstreamListSize() > 0 ? x.detach().requires_grad_(true) : x;
-    p.output = modules_.block->forward(p.input);
-    r.timings.push_back(
-        {options_.block, Phase::kForward, SecondsSince(device(), t0)});
-    p.input_nonfinite = input_nonfinite;
-    if (input_nonfinite) skip_step_ = true;
-    r.output_nonfinite = input_nonfinite;
-    if (!input_nonfinite && !AllWithin(p.output, SentRange())) {
-      RETURN_IF_ERROR(OnNonFinite(
-          absl::StrCat("micro-batch ", mb, ": output ",
-                       NotCarried(SentRange(), "wire.activations"))));
-      r.output_nonfinite = true;
-    }
+    RETURN_IF_ERROR(RunBlock(mb, input, target, input_nonfinite, p, r));
+    if (capture) RETURN_IF_ERROR(capture->Keep());
+    pending_.emplace(mb, std::move(p));
+    return r;
+  });
+}
 
-    // The head (or the model's loss) sees the output detached: its update
-    // never reaches the block directly, only through the gradient list.
-    if (!options_.e2e || is_last()) {
-      t0 = Clock::now();
-      auto detached = p.output.detach().requires_grad_(true);
-      torch::Tensor logits =
-          is_last() ? detached : modules_.head->forward(detached);
-      torch::Tensor raw;
-      if (is_last() && options_.test_loss_scale != 0.0f) {
-        raw = (logits * options_.test_loss_scale).sum();
-      } else {
-        raw = CrossEntropy(logits, target);
-      }
-      (raw / options_.microbatches).backward();
-      p.own_grad = detached.grad().detach();
-      LossReport rep;
-      rep.block = options_.block;
-      rep.loss = raw.item<double>();
-      if (r.output_nonfinite) {
-        // Computed from values standing for NaN or infinities: no loss.
-        rep.loss = std::numeric_limits<double>::quiet_NaN();
-        p.own_grad = torch::zeros_like(p.own_grad);
-        p.own_nonfinite = true;
-      } else if (!std::isfinite(rep.loss) || !AllFinite(p.own_grad)) {
-        RETURN_IF_ERROR(OnNonFinite(
-            absl::StrCat("micro-batch ", mb, ": loss is ", rep.loss)));
-        // The head's gradients are dropped with the skipped step; the block
-        // and the blocks above get zeros marked non-finite.
-        p.own_grad = torch::zeros_like(p.own_grad);
-        p.own_nonfinite = true;
-      }
-      rep.correct = Hits(logits.detach(), target);
-      rep.count = target.numel();
-      r.reports.push_back(rep);
-      r.timings.push_back(
-          {options_.block, Phase::kHead, SecondsSince(device(), t0)});
-    }
-    if (!is_last()) {
-      r.output =
-          r.output_nonfinite ? torch::zeros_like(p.output) : p.output.detach();
-    }
-    if (replication_) {
+absl::StatusOr<ForwardResult> BlockTrainer::ForwardHead(int mb) {
+  auto it = pending_.find(mb);
+  if (it == pending_.end() || it->second.head_done) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", options_.block, ": micro-batch ", mb,
+        it == pending_.end() ? " was not forwarded" : " already ran its head"));
+  }
+  return TorchGuard("head", [&]() -> absl::StatusOr<ForwardResult> {
+    ForwardResult r;
+    std::optional<Replication::StatsCapture> capture;
+    if (replication_) capture.emplace(*replication_, mb);
+    RETURN_IF_ERROR(RunHead(mb, it->second, r));
+    if (capture) {
       RETURN_IF_ERROR(capture->Keep());
       replication_->TakeGradients(mb);  // the head's
     }
-    pending_.emplace(mb, std::move(p));
     return r;
   });
 }
@@ -373,9 +415,10 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
     int mb, std::vector<torch::Tensor> downstream,
     const std::vector<bool>& downstream_nonfinite) {
   auto it = pending_.find(mb);
-  if (it == pending_.end()) {
+  if (it == pending_.end() || !it->second.head_done) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "block ", options_.block, ": micro-batch ", mb, " was not forwarded"));
+        "block ", options_.block, ": micro-batch ", mb,
+        it == pending_.end() ? " was not forwarded" : " has not run its head"));
   }
   if (static_cast<int>(downstream.size()) != DownstreamListSize()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -181,6 +181,15 @@ class BlockTrainer {
   absl::StatusOr<ForwardResult> Forward(int mb, const torch::Tensor& input,
                                         const torch::Tensor& target,
                                         bool input_nonfinite = false);
+  // Forward in two halves, so that a driver can send the output down before
+  // the head runs (the next block never waits for this block's head):
+  // ForwardBlock runs the block (output, its mark, the forward's timing),
+  // ForwardHead then the head or final loss (reports, the head's timing).
+  // Forward is both in one call. Entry and Backward need the head done.
+  absl::StatusOr<ForwardResult> ForwardBlock(int mb, const torch::Tensor& input,
+                                             const torch::Tensor& target,
+                                             bool input_nonfinite = false);
+  absl::StatusOr<ForwardResult> ForwardHead(int mb);
   // Input gradient of early upstream entry i of micro-batch `mb`; `entry` is
   // list entry i (ignored for i = 0 when it is the block's own gradient).
   // Must run before Backward() of the micro-batch, which frees its graph.
@@ -254,10 +263,18 @@ class BlockTrainer {
   struct Pending {
     torch::Tensor input;     // leaf requiring grad when gradients go upstream
     torch::Tensor output;    // graph root
+    torch::Tensor target;    // for the head
     torch::Tensor own_grad;  // dL[k]/da[k] (own head or final loss)
-    bool own_nonfinite = false;    // own_grad zeroed: the loss was not finite
-    bool input_nonfinite = false;  // nothing of it may train or go upstream
+    bool own_nonfinite = false;     // own_grad zeroed: the loss was not finite
+    bool input_nonfinite = false;   // nothing of it may train or go upstream
+    bool output_nonfinite = false;  // the output stands for non-finite values
+    bool head_done = false;         // RunHead has run (or there is no head)
   };
+  // The halves of Forward.
+  absl::Status RunBlock(int mb, const torch::Tensor& input,
+                        const torch::Tensor& target, bool input_nonfinite,
+                        Pending& p, ForwardResult& r);
+  absl::Status RunHead(int mb, Pending& p, ForwardResult& r);
 
   // Applies training.nonfinite_policy to a non-finite value described by
   // `what`: STOP returns the error; SKIP_STEP marks this step skipped.

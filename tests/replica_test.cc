@@ -334,6 +334,17 @@ TEST(Replicas, OrderedResNetFirstBlockIsBitwise) {
   ExpectOrderedBitwise(MakeInputs(Parse(kResNet), 0), "resnet block 0");
 }
 
+// Channels-last blocks (model.resnet.memory_format): BatchNorm's running
+// statistics replayed from per-micro-batch captures still match one trainer
+// that ran every micro-batch, bit for bit.
+TEST(Replicas, OrderedChannelsLastResNetIsBitwise) {
+  RunConfig c = Parse(kResNet);
+  c.mutable_model()->mutable_resnet()->set_memory_format(
+      interlock::v1::ResNetSpec::CHANNELS_LAST);
+  ExpectOrderedBitwise(MakeInputs(c, 0), "channels-last resnet block 0");
+  ExpectOrderedBitwise(MakeInputs(c, 1), "channels-last resnet block 1");
+}
+
 TEST(Replicas, OrderedTransformerIsBitwise) {
   const RunConfig c = Parse(kTransformer);
   ExpectOrderedBitwise(MakeInputs(c, 0), "transformer block 0");

@@ -465,7 +465,14 @@ TEST_F(NonFiniteTest, StopEndsTheRunNamingTheBlockOnBothEngines) {
   EXPECT_NE(b.status().message().find("training.nonfinite_policy is STOP"),
             std::string::npos)
       << b.status();
-  EXPECT_NE(b.status().message().find("loss is"), std::string::npos)
+  // Block 0's output leaves before its head computes the loss, so block 1
+  // may meet the values that made it diverge (its output) first.
+  const std::string message(b.status().message());
+  EXPECT_TRUE(message.find("block 0: micro-batch") != std::string::npos ||
+              message.find("block 1: micro-batch") != std::string::npos)
+      << b.status();
+  EXPECT_TRUE(message.find("loss is") != std::string::npos ||
+              message.find("output is not finite") != std::string::npos)
       << b.status();
 }
 

@@ -57,47 +57,59 @@ TEST(VirtualClockTest, EndToEndThreeBlocksOneMicrobatch) {
 }
 
 TEST(VirtualClockTest, OneWayDoesNotWaitForTheChain) {
-  // f=1, h=0.5, b=2, o=0.5, window 2. Block 0: step 0 at 0-4 (forward 0-1,
+  // f=1, h=0.5, b=2, o=0.5, window 2; a block sends its output down before
+  // its head runs. Block 0: step 0 at 0-4 (forward 0-1, output sent at 1,
   // head -1.5, backward -3.5, opt -4), step 1 at 4-8. Block 1 gets mb 0 at
-  // 1.5: 1.5-5.5; mb 1 at 5.5: 5.5-9.5. Block 2 gets mb 0 at 3: forward 3-4,
-  // head -4.5, backward -6.5, opt -7. Step 0 ends at 7. Block 2 gets mb 1 at
-  // 7 (block 1 sent it after its head): 7-11. Step 1 ends at 11.
-  // The completion of mb 0 waits in block 1 until its drain ends at 9.5, so
-  // step 2 is submitted at 9.5: block 0 runs it 9.5-13.5, block 1 gets it at
-  // 11 and runs 11-15, block 2 gets it at 12.5 and runs 12.5-16.5.
+  // 1: 1-5; mb 1 at 5: 5-9. Block 2 gets mb 0 at 2: forward 2-3, loss
+  // -3.5, backward -5.5, opt -6. Step 0 ends at 6. Block 2 gets mb 1 at 6:
+  // 6-10. Step 1 ends at 10.
+  // The completion of mb 0 waits in block 1 until its drain ends at 9, so
+  // step 2 is submitted at 9: block 0 runs its forward 9-10, block 1 10-11,
+  // block 2 gets it at 11 and runs 11-15.
   PipelineSim sim(Shape(3, 1, false, 1), 10);
   Fill(sim, 3, 1.0, 0.5, 2.0, 0.5);
   ASSERT_EQ(sim.steps_finished(), 3);
-  EXPECT_DOUBLE_EQ(sim.StepEnd(0), 7.0);
-  EXPECT_DOUBLE_EQ(sim.StepEnd(1), 11.0);
-  EXPECT_DOUBLE_EQ(sim.StepEnd(2), 16.5);
+  EXPECT_DOUBLE_EQ(sim.StepEnd(0), 6.0);
+  EXPECT_DOUBLE_EQ(sim.StepEnd(1), 10.0);
+  EXPECT_DOUBLE_EQ(sim.StepEnd(2), 15.0);
+  // The head runs after the output has left: block 1's forward of step 0
+  // starts when block 0's forward ends, not after its head.
+  for (const auto& s : sim.spans()) {
+    if (s.block == 1 && s.step == 0 && s.kind == SpanKind::kForward) {
+      EXPECT_DOUBLE_EQ(s.start, 1.0);
+    }
+    if (s.block == 0 && s.step == 0 && s.kind == SpanKind::kHead) {
+      EXPECT_DOUBLE_EQ(s.start, 1.0);
+    }
+  }
 }
 
 TEST(VirtualClockTest, TwoWayWaitsForTheNextBlockOnly) {
   // f=1, h=0.5, b=2, o=0.5, early pass 0.5 (only block 1 has one: its own
   // entry; block 2's entry comes out of its parameter pass).
-  // Block 0: forward+head 0-1.5. Block 1: forward+head 1.5-3, own entry
-  // 3-3.5, sent to block 0, which runs its backward 3.5-5.5, opt -6, and
-  // step 1's forward+head 6-7.5 without waiting for block 2. Block 2:
-  // forward+head 3-4.5, backward 4.5-6.5 (entry and report to block 1 at
-  // 6.5), opt -7. Block 1: backward 6.5-8.5, opt -9; it passes block 2's
-  // report on at 9 and takes step 1 (sent at 7.5): 9-10.5, entry 10.5-11.
-  // Block 0: backward 11-13, opt -13.5. Block 2: 10.5-12, backward -14,
-  // opt -14.5. Block 1: backward 14-16, opt -16.5.
-  // Step 0 ends at max(6, 9, 7) = 9; step 1 at max(13.5, 16.5, 14.5).
+  // Block 0: forward 0-1 (output sent at 1), head -1.5. Block 1: forward
+  // 1-2, head -2.5, own entry 2.5-3, sent to block 0, which runs its
+  // backward 3-5, opt -5.5, and step 1's forward 5.5-6.5 (head -7) without
+  // waiting for block 2. Block 2: forward 2-3, loss -3.5, backward 3.5-5.5
+  // (entry and report to block 1 at 5.5), opt -6. Block 1: backward
+  // 5.5-7.5, opt -8; it passes block 2's report on at 8 and takes step 1
+  // (sent at 6.5): forward 8-9, head -9.5, entry 9.5-10. Block 0: backward
+  // 10-12, opt -12.5. Block 2: 9-10.5, backward -12.5, opt -13. Block 1:
+  // backward 12.5-14.5, opt -15.
+  // Step 0 ends at max(5.5, 8, 6) = 8; step 1 at max(12.5, 15, 13).
   PipelineSim sim(Shape(3, 1, false, 2), 10);
   Fill(sim, 2, 1.0, 0.5, 2.0, 0.5, 0.5);
   ASSERT_EQ(sim.steps_finished(), 2);
-  EXPECT_DOUBLE_EQ(sim.StepEnd(0), 9.0);
-  EXPECT_DOUBLE_EQ(sim.StepEnd(1), 16.5);
-  // Block 0 finished step 0 at 6, before block 2 finished its backward.
+  EXPECT_DOUBLE_EQ(sim.StepEnd(0), 8.0);
+  EXPECT_DOUBLE_EQ(sim.StepEnd(1), 15.0);
+  // Block 0 finished step 0 at 5.5, before block 2 finished its backward.
   double block0_opt_end = -1;
   for (const auto& s : sim.spans()) {
     if (s.block == 0 && s.step == 0 && s.kind == SpanKind::kOptimizer) {
       block0_opt_end = s.end;
     }
   }
-  EXPECT_DOUBLE_EQ(block0_opt_end, 6.0);
+  EXPECT_DOUBLE_EQ(block0_opt_end, 5.5);
 }
 
 TEST(VirtualClockTest, MicrobatchesPipeline) {

@@ -41,6 +41,10 @@
 #                the Python runs get GLIBC_TUNABLES with the settings our
 #                binaries' main() makes with mallopt (services/runtime.cc), to
 #                see how much of a difference is the allocator alone
+#   PY_FORMAT=contiguous  the Python runs' memory format: contiguous (NCHW,
+#                as a plain script has it) or channels_last (the script's
+#                --memory-format; what our config's model.resnet.memory_format
+#                CHANNELS_LAST does in Interlock)
 #   ROOFLINE_SECONDS=3   time per throughput measurement (0: no roofline)
 #   KEEP=DIR     keep the run folders and runs.tsv in DIR (default: a temporary
 #                folder, removed at the end)
@@ -57,6 +61,7 @@ INTERLOCK=${INTERLOCK:-build/coordinator/interlock}
 PYTHON=${PYTHON:-/usr/bin/python3}
 ROOFLINE_SECONDS=${ROOFLINE_SECONDS:-3}
 PY_ALLOC=${PY_ALLOC:-default}
+PY_FORMAT=${PY_FORMAT:-contiguous}
 py_env=()
 case $PY_ALLOC in
   default) ;;
@@ -125,7 +130,8 @@ run_one() {  # impl mode round steps
   else
     cmd=(env "${py_env[@]}" "$PYTHON" tests/bench/python_ref/interlock_ref.py
          --config "$CONFIG"
-         --mode "$mode" --steps "$steps" --out "$dir")
+         --mode "$mode" --steps "$steps" --out "$dir"
+         --memory-format "$PY_FORMAT")
   fi
   local stall0 stall1 t0 t1 stall=""
   stall0=$(cpu_stall_us)
@@ -179,7 +185,9 @@ echo "Machine: $cpu, $(env -u OMP_NUM_THREADS nproc) cores; Linux $(uname -r)."
 echo "Interlock: $INTERLOCK (built $(date -u -r "$INTERLOCK" '+%Y-%m-%d %H:%M UTC'));" \
   "scripts at $(git rev-parse --short HEAD 2>/dev/null || echo '?');" \
   "Python $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "with torch", torch.__version__)')," \
-  "$PY_ALLOC malloc."
+  "$PY_ALLOC malloc, $PY_FORMAT memory format;" \
+  "config's model.resnet.memory_format:" \
+  "$(sed -n 's/.*memory_format: *\([A-Z_]*\).*/\1/p' "$CONFIG" | head -n 1 | grep . || echo CONTIGUOUS)."
 echo "Before: $load_before"
 echo "After:  $load_after"
 echo

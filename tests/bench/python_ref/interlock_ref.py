@@ -330,6 +330,7 @@ class Run:
         # callback that sees block k's parameters before its step s.
         self.early_passes = [0] * K
         self.before_step = None
+        self.channels_last = False
 
     def step_done(self, k, s):
         with self.lock:
@@ -364,9 +365,15 @@ class Run:
         shared = L.shared(k)
         for s in range(self.steps):
             x, y = self.fwd_q[k].get()
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
             # Only a block that sends gradients upstream needs its input's.
             inp = x.detach().requires_grad_(True) if up > 0 else x
             out = block(inp)
+            # The output goes down before the head runs, as our engine sends
+            # it (services/driver.cc): the next block does not wait for it.
+            if not last:
+                self.fwd_q[k + 1].put((out.detach(), y))
             own = None
             if not L.e2e or last:
                 # The head (or the model's loss) sees the output detached: its
@@ -377,8 +384,6 @@ class Run:
                 loss.backward()
                 own = det.grad
                 self.losses[s][k] = loss.item()
-            if not last:
-                self.fwd_q[k + 1].put((out.detach(), y))
 
             def send_early(i, g):
                 gin, = torch.autograd.grad(out, inp, g, retain_graph=True)
@@ -461,14 +466,19 @@ def mode_label(mode):
     return "%d-way %s" % (n, "sum" if sum_rule else "furthest")
 
 
-def prepare(cfg, mode, steps):
+def prepare(cfg, mode, steps, channels_last=False):
     """A Run for the mode, and the arguments of its train()."""
     e2e, n, sum_rule = parse_mode(mode)
     blocks, heads = build_model(cfg, with_heads=not e2e)
+    if channels_last:
+        for m in blocks + [h for h in heads if h is not None]:
+            m.to(memory_format=torch.channels_last)
     lists = Lists(len(blocks), e2e, n, sum_rule)
     gen = torch.Generator().manual_seed(cfg["seed"])
     x_all, y_all = synthetic_images(cfg, gen)
-    return Run(cfg, lists, blocks, heads, steps), (x_all, y_all, gen)
+    run = Run(cfg, lists, blocks, heads, steps)
+    run.channels_last = channels_last
+    return run, (x_all, y_all, gen)
 
 
 def main():
@@ -477,11 +487,17 @@ def main():
     ap.add_argument("--mode", default="e2e", help="e2e, N or Nsum")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", required=True, help="folder for metrics.jsonl")
+    ap.add_argument("--memory-format", default="contiguous",
+                    choices=["contiguous", "channels_last"],
+                    help="layout of the 4-D tensors (a plain script: "
+                    "contiguous, whatever the config's model.resnet."
+                    "memory_format says)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
     cfg = read_config(args.config)
-    run, data = prepare(cfg, args.mode, args.steps)
+    run, data = prepare(cfg, args.mode, args.steps,
+                        args.memory_format == "channels_last")
     run.train(*data)
 
     os.makedirs(args.out, exist_ok=True)

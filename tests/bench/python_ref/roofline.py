@@ -146,6 +146,61 @@ def step_flops(cfg, mode):
     return sum(parts.values()), parts
 
 
+def conv_bound(cfg, seconds, channels_last):
+    """What the convolutions of one E2E step take when each runs alone.
+
+    Every Conv2d of the model (one of each distinct shape, times how often it
+    occurs) is timed by itself, one thread, median over calls filling
+    `seconds`: its forward, then its backward for the weight and, except for
+    the layer that reads the images, the input. Their sum is what E2E's
+    convolutions cost at these shapes with nothing else in the step: batch
+    norm, ReLU, additions and the optimizer are left out. Returns the rows
+    (shape, count, GFLOP, seconds per step) and the totals.
+    """
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    blocks, _ = ref.build_model(cfg, with_heads=False)
+    seen = {}
+    x = torch.zeros([cfg["batch"]] + cfg["shape"])
+    images = x
+
+    def hook(m, inputs, out):
+        key = (tuple(inputs[0].shape), m.out_channels, m.kernel_size,
+               m.stride, m.padding, inputs[0] is images)
+        if key not in seen:
+            seen[key] = [m, 0, layer_flops(m, inputs[0], out)]
+        seen[key][1] += 1
+
+    handles = [m.register_forward_hook(hook) for b in blocks
+               for m in b.modules() if isinstance(m, nn.Conv2d)]
+    with torch.no_grad():
+        for b in blocks:
+            x = b(x)
+    for h in handles:
+        h.remove()
+    backward = torch.ops.aten.convolution_backward
+    rows, total_t, total_f = [], 0.0, 0
+    for (shape, cout, k, stride, pad, reads_images), (m, count, f) in \
+            seen.items():
+        inp = torch.randn(shape).contiguous(memory_format=fmt)
+        w = m.weight.detach().contiguous(memory_format=fmt)
+        out = torch.nn.functional.conv2d(inp, w, None, stride, pad)
+        g = torch.randn_like(out).contiguous(memory_format=fmt)
+        mask = [not reads_images, True, False]
+        times = []
+        for fn in (lambda: torch.nn.functional.conv2d(inp, w, None, stride,
+                                                      pad),
+                   lambda: backward(g, inp, w, None, list(stride), list(pad),
+                                    [1, 1], False, [0, 0], 1, mask)):
+            med, _ = measure(fn, 1e9, seconds / 4)
+            times.append(1.0 / med)  # measure() gives calls' 1/s here
+        flops = f * (3 if not reads_images else 2)
+        t = count * sum(times)
+        rows.append((shape, cout, k[0], stride[0], count, count * flops, t))
+        total_t += t
+        total_f += count * flops
+    return rows, total_t, total_f
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/bench/resnet_ref_k4.pbtxt")
@@ -153,6 +208,9 @@ def main():
     ap.add_argument("--times", help="TSV: mode, Python s/step, Interlock s/step")
     ap.add_argument("--seconds", type=float, default=2.0,
                     help="time per throughput measurement")
+    ap.add_argument("--conv-bound", action="store_true",
+                    help="also time each convolution of an E2E step alone, "
+                    "in NCHW and channels-last (the ceiling the kernels set)")
     args = ap.parse_args()
     cfg = ref.read_config(args.config)
 
@@ -206,6 +264,26 @@ def main():
     print("E2E runs one block at a time, so its share is of one core. The "
           "other modes keep up to K blocks busy at once (one thread each), so "
           "their share can exceed 100 %, up to min(K, cores) x 100 %.")
+    if args.conv_bound:
+        print()
+        print("E2E's convolutions, each timed alone (forward + backward; "
+              "median of calls), per step:")
+        print()
+        print("| input | out ch | k | stride | count | GFLOP | NCHW s | "
+              "channels-last s |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        nchw = conv_bound(cfg, args.seconds, False)
+        nhwc = conv_bound(cfg, args.seconds, True)
+        for a, b in zip(nchw[0], nhwc[0]):
+            print("| %s | %d | %d | %d | %d | %.3f | %.4f | %.4f |" % (
+                "x".join(map(str, a[0])), a[1], a[2], a[3], a[4], a[5] / 1e9,
+                a[6], b[6]))
+        for name, (_, t, f) in (("NCHW", nchw), ("channels-last", nhwc)):
+            print()
+            print("%s: %.3f s for %.2f GFLOP of convolutions = %.1f GFLOP/s, "
+                  "%.0f %% of the best conv call" % (
+                      name, t, f / 1e9, f / t / 1e9,
+                      100 * f / t / 1e9 / cv_best))
     return 0
 
 
