@@ -16,7 +16,7 @@ struct Replication::Norm {
   std::string name;
   torch::Tensor* mean = nullptr;
   torch::Tensor* var = nullptr;
-  torch::Tensor* count = nullptr;  // num_batches_tracked (may be undefined)
+  torch::Tensor* count = nullptr;  // num_batches_tracked
   torch::nn::BatchNormOptions* options = nullptr;
   int64_t channels = 0;
   int64_t offset = 0;  // of [calls, mean[C], var[C]] within a row
@@ -36,6 +36,12 @@ bool AddNorm(const std::string& name,
     unsupported = absl::StrCat(name, " keeps ",
                                c10::toString(bn->running_mean.scalar_type()),
                                " statistics (replicas replay float32 only)");
+    return true;
+  }
+  if (!bn->num_batches_tracked.defined()) {
+    // The counter tells a capture which layers ran (the block and its head
+    // are captured apart); LibTorch always keeps one with running stats.
+    unsupported = absl::StrCat(name, " keeps no num_batches_tracked");
     return true;
   }
   Norm n;
@@ -126,7 +132,7 @@ Replication::StatsCapture::StatsCapture(Replication& r, int mb)
     Saved s{*n.mean, *n.var, *n.count, n.options->momentum()};
     *n.mean = torch::zeros_like(s.mean);
     *n.var = torch::zeros_like(s.var);
-    if (s.count.defined()) *n.count = torch::zeros_like(s.count);
+    *n.count = torch::zeros_like(s.count);
     // ATen's CPU update is float(m * x + (1 - m) * r) with m = float(1):
     // exactly x, whatever was there.
     n.options->momentum(1.0);
@@ -148,10 +154,7 @@ absl::Status Replication::StatsCapture::Keep() {
   int32_t* row = r_.Row(mb_);
   for (size_t i = 0; i < saved_.size(); ++i) {
     const Norm& n = r_.norms_[i];
-    // Layers without a counter are assumed to run once per forward.
-    int32_t calls = 1;
-    if (n.count->defined())
-      calls = static_cast<int32_t>(n.count->item<int64_t>());
+    const int32_t calls = static_cast<int32_t>(n.count->item<int64_t>());
     if (calls > 1 || (calls == 1 && row[n.offset] != 0)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "block ", r_.block_, ": ", n.name,
@@ -273,22 +276,20 @@ absl::Status Replication::ReplayStatistics() {
     torch::Tensor var = n.var->to(torch::kCPU).contiguous().clone();
     float* rm = mean.data_ptr<float>();
     float* rv = var.data_ptr<float>();
-    const bool counted = n.count->defined();
-    int64_t count = counted ? n.count->item<int64_t>() : 0;
+    int64_t count = n.count->item<int64_t>();
     for (int mb = 0; mb < m_; ++mb) {
       const int32_t* row = Row(mb) + n.offset;
       if (row[0] == 0) continue;  // not forwarded (or the layer not run)
       const float* x_mean = reinterpret_cast<const float*>(row + 1);
       const float* x_var = x_mean + n.channels;
       // BatchNormImplBase::forward's factor, then ATen 1.13's CPU update
-      // (batch_norm_cpu_update_stats_template, contiguous input): the
-      // factor rounded to float, the mean blended in float, the unbiased
-      // variance (a float) blended in double, both stored as float.
-      double factor = n.options->momentum().value_or(0.0);
-      if (counted) {
-        ++count;
-        if (!n.options->momentum()) factor = 1.0 / static_cast<double>(count);
-      }
+      // (batch_norm_cpu_update_stats_template, contiguous or channels-last
+      // input alike): the factor rounded to float, the mean blended in
+      // float, the unbiased variance (a float) blended in double, both
+      // stored as float.
+      ++count;
+      const double factor =
+          n.options->momentum().value_or(1.0 / static_cast<double>(count));
       const float m = static_cast<float>(factor);
       for (int64_t c = 0; c < n.channels; ++c) {
         rm[c] = m * x_mean[c] + (1 - m) * rm[c];
@@ -299,7 +300,7 @@ absl::Status Replication::ReplayStatistics() {
     }
     n.mean->copy_(mean);
     n.var->copy_(var);
-    if (counted) n.count->fill_(count);
+    n.count->fill_(count);
   }
   return absl::OkStatus();
 }
