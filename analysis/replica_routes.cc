@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "services/status_macros.h"
 
 namespace interlock {
 
@@ -64,8 +65,8 @@ std::vector<int> Shares(int m, const std::vector<double>& w, int start) {
   for (double x : w) total += std::max(x, 0.0);
   std::vector<double> need(r, 1.0);
   double needed = 0;
-  const bool equal = std::all_of(w.begin(), w.end(),
-                                 [&](double x) { return x == w[0]; });
+  const bool equal =
+      std::all_of(w.begin(), w.end(), [&](double x) { return x == w[0]; });
   if (total > 0 && !equal) {
     for (int i = 0; i < r; ++i) {
       need[i] = std::max(m * std::max(w[i], 0.0) / total - 1.0, 0.0);
@@ -130,6 +131,60 @@ std::vector<int32_t> RouteStep(
     }
   }
   return routes;
+}
+
+absl::Status CheckBlockRoutes(absl::Span<const int32_t> routes,
+                              int microbatches, int num_blocks, int block,
+                              int replicas, int next_replicas,
+                              const std::string& where) {
+  const bool last = block + 1 >= num_blocks;
+  if (routes.empty()) {
+    if (replicas > 1 || (!last && next_replicas > 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no routes, but blocks have replicas"));
+    }
+    return absl::OkStatus();
+  }
+  const size_t k_blocks = static_cast<size_t>(num_blocks);
+  if (routes.size() != static_cast<size_t>(microbatches) * k_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", routes.size(), " route entries for ", microbatches,
+        " micro-batches of ", num_blocks, " blocks"));
+  }
+  std::vector<bool> used(std::max(replicas, 0), false);
+  for (int mb = 0; mb < microbatches; ++mb) {
+    const size_t at = static_cast<size_t>(mb) * k_blocks + block;
+    const int32_t own = routes[at];
+    const int32_t down = last ? 0 : routes[at + 1];
+    if (own < 0 || own >= replicas || down < 0 ||
+        (!last && down >= next_replicas)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": micro-batch ", mb, " routed to replica ", own, " of ",
+          replicas, " of block ", block, " and replica ", down, " of ",
+          last ? 1 : next_replicas, " of the next block"));
+    }
+    used[own] = true;
+  }
+  for (int i = 0; i < replicas; ++i) {
+    if (!used[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the routes give replica ", i, " of block ",
+                       block, " no micro-batch of the step"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRoutes(absl::Span<const int32_t> routes, int microbatches,
+                         const std::vector<int>& replicas,
+                         const std::string& where) {
+  const int k_blocks = static_cast<int>(replicas.size());
+  for (int k = 0; k < k_blocks; ++k) {
+    RETURN_IF_ERROR(
+        CheckBlockRoutes(routes, microbatches, k_blocks, k, replicas[k],
+                         k + 1 < k_blocks ? replicas[k + 1] : 1, where));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace interlock

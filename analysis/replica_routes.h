@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace interlock {
 
@@ -39,6 +40,24 @@ absl::Status CheckReplicas(const std::vector<int>& replicas, int num_blocks,
 std::vector<int32_t> RouteStep(
     int64_t step, int microbatches, const std::vector<int>& replicas,
     const std::vector<std::vector<double>>& weights = {});
+
+// Checks block `block`'s part of a step's routes (routes[m * K + k]), as a
+// worker that knows only its own block's `replicas` and the next block's
+// `next_replicas` can: M * K entries; each micro-batch on one of its
+// replicas and on one of the next block's (the last block has none); every
+// replica of the block with a micro-batch, or it would never reach the
+// step's reduction and its peers would wait for it there. Empty routes are
+// a topology without replicas here or downstream. INVALID_ARGUMENT, the
+// message starting with `where`.
+absl::Status CheckBlockRoutes(absl::Span<const int32_t> routes,
+                              int microbatches, int num_blocks, int block,
+                              int replicas, int next_replicas,
+                              const std::string& where);
+
+// Every block's part of `routes` against the whole topology `replicas`.
+absl::Status CheckRoutes(absl::Span<const int32_t> routes, int microbatches,
+                         const std::vector<int>& replicas,
+                         const std::string& where);
 
 }  // namespace interlock
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/replica_routes.h"
 #include "collective/gloo_collective.h"
 #include "proto/worker.grpc.pb.h"
 #include "rpc/status.h"
@@ -65,10 +66,7 @@ class ClusterEngine : public Engine {
     if (elastic_) {
       // The rendezvous of every block's reduction group; the groups
       // themselves connect worker to worker.
-      ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.collective_host,
-                                                  options_.collective_port));
-      collective_address_ =
-          absl::StrCat(options_.collective_host, ":", store_->port());
+      RETURN_IF_ERROR(StartStore());
     }
     RETURN_IF_ERROR(Connect(options_.connect_timeout, /*parallel=*/false));
     if (options_.membership) {
@@ -211,15 +209,15 @@ class ClusterEngine : public Engine {
     }
     std::unique_lock<std::mutex> l(mu_);
     const int workers = num_workers();
-    if (!cv_.wait_until(l, absl::ToChronoTime(deadline),
-                        [&] { return opened_ == workers || !error_.ok(); }) ||
-        !error_.ok()) {
-      if (!error_.ok()) return error_;
+    cv_.wait_until(l, absl::ToChronoTime(deadline),
+                   [&] { return opened_ == workers || !error_.ok(); });
+    if (!error_.ok()) return error_;
+    if (opened_ < workers) {
       return absl::UnavailableError(
           absl::StrCat("only ", opened_, " of ", workers,
                        " workers opened their control stream in time"));
     }
-    return error_;
+    return absl::OkStatus();
   }
 
   absl::Status Recover(absl::Duration timeout) override {
@@ -307,7 +305,7 @@ class ClusterEngine : public Engine {
     // connection to it, so a survivor held in a group's rendezvous for a
     // peer that died (the first reduction after a topology change) fails
     // now instead of after Gloo's timeout, and can be reconfigured.
-    RETURN_IF_ERROR(RestartStore());
+    if (store_) RETURN_IF_ERROR(StartStore());
     Topology next(num_blocks());
     std::vector<MemberChange> changes;
     std::vector<std::string> states(num_blocks());
@@ -344,28 +342,8 @@ class ClusterEngine : public Engine {
     return from;
   }
 
-  // Whether `routes` are a step's routes for the current topology: one
-  // replica per (micro-batch, block), in range, every replica with work.
-  bool Fits(const std::vector<int32_t>& routes) const {
-    const int m = config_.training().microbatches();
-    const int k = num_blocks();
-    if (routes.size() != static_cast<size_t>(m) * k) return false;
-    for (int b = 0; b < k; ++b) {
-      std::vector<int> count(replicas_[b], 0);
-      for (int mb = 0; mb < m; ++mb) {
-        const int32_t r = routes[static_cast<size_t>(mb) * k + b];
-        if (r < 0 || r >= replicas_[b]) return false;
-        ++count[r];
-      }
-      for (int c : count) {
-        if (c == 0) return false;
-      }
-    }
-    return true;
-  }
-
-  absl::Status RestartStore() {
-    if (!store_) return absl::OkStatus();
+  // Starts the rendezvous store, closing the one running first.
+  absl::Status StartStore() {
     store_.reset();
     ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.collective_host,
                                                 options_.collective_port));
@@ -428,7 +406,9 @@ class ClusterEngine : public Engine {
       if (routes_step_ != msg.step) {
         // The runner's (measured throughput) if they fit this topology,
         // else equal shares.
-        routes_ = Fits(msg.routes)
+        routes_ = CheckRoutes(msg.routes, config_.training().microbatches(),
+                              replicas_, "routes")
+                          .ok()
                       ? msg.routes
                       : RouteStep(msg.step, config_.training().microbatches(),
                                   replicas_);

@@ -529,6 +529,11 @@ TEST_F(BadInputTest, EveryMalformedTensorIsRefusedAndWorkerKeepsServing) {
   }
   {
     auto m = Valid();
+    for (int i = 0; i < 3; ++i) m.mutable_forward()->add_routes(0);
+    ExpectRefused(m, invalid, "3 route entries for 2 micro-batches");
+  }
+  {
+    auto m = Valid();
     m.mutable_header()->mutable_route()->set_block(2);
     ExpectRefused(m, invalid, "routed to block 2");
   }

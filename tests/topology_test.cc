@@ -71,6 +71,52 @@ TEST(Topology, RoutesGiveEveryReplicaWorkInProportionAndAreDeterministic) {
   EXPECT_LE(first, 6);
 }
 
+// What a worker refuses from a hostile coordinator, and what the
+// coordinator uses to tell whether the runner's routes fit its topology:
+// one check for both.
+TEST(Topology, RoutesAreCheckedAgainstTheTopology) {
+  const std::vector<int> replicas = {2, 3, 1};
+  for (int64_t step = 0; step < 4; ++step) {
+    EXPECT_TRUE(
+        CheckRoutes(RouteStep(step, 4, replicas), 4, replicas, "r").ok());
+  }
+  auto expect_refused = [&](std::vector<int32_t> routes, const char* what) {
+    absl::Status s = CheckRoutes(routes, 4, replicas, "step 7");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find("step 7: "), std::string::npos) << s;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  };
+  const std::vector<int32_t> good = RouteStep(0, 4, replicas);
+  expect_refused({}, "no routes, but blocks have replicas");
+  expect_refused({good.begin(), good.end() - 1},
+                 "11 route entries for 4 micro-batches of 3 blocks");
+  auto bad = good;
+  bad[2 * 3 + 1] = 3;  // block 1 has replicas 0..2; block 0 sees it first
+  expect_refused(bad, "and replica 3 of 3 of the next block");
+  bad = good;
+  bad[0] = -1;
+  expect_refused(bad, "routed to replica -1");
+  bad = good;
+  bad[1 * 3 + 2] = 1;  // the last block has one replica
+  expect_refused(bad, "and replica 1 of 1 of the next block");
+  EXPECT_NE(CheckBlockRoutes(bad, 4, 3, 2, 1, 1, "w")
+                .message()
+                .find("routed to replica 1 of 1 of block 2"),
+            std::string::npos);
+  bad = good;
+  for (int mb = 0; mb < 4; ++mb) bad[mb * 3] = 0;  // replica 1 of block 0 idle
+  expect_refused(bad, "the routes give replica 1 of block 0 no micro-batch");
+  // A worker sees its own block and the next block's count only: block 0
+  // checks that micro-batches go to block 1's replicas it has links to.
+  bad = good;
+  bad[3 * 3 + 1] = 2;
+  EXPECT_TRUE(CheckBlockRoutes(good, 4, 3, 0, 2, 3, "w").ok());
+  EXPECT_FALSE(CheckBlockRoutes(bad, 4, 3, 0, 2, 2, "w").ok());
+  // No replicas anywhere: no routes needed, and any given must be zeros.
+  EXPECT_TRUE(CheckRoutes({}, 4, {1, 1, 1}, "w").ok());
+  EXPECT_TRUE(CheckRoutes(std::vector<int32_t>(12, 0), 4, {1, 1, 1}, "w").ok());
+}
+
 constexpr char kResNet[] = R"pb(
   name: "resnet"
   model {

@@ -2,6 +2,8 @@
 // from the link to the next block, and its control stream to the
 // coordinator), all on the host's executor.
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "analysis/replica_routes.h"
 #include "services/config.h"
 #include "services/failure.h"
 #include "services/status_macros.h"
@@ -159,44 +161,10 @@ absl::Status WorkerCore::HandleDown(const DownFrame& msg) {
 absl::Status WorkerCore::CheckRoutes(const v1::ForwardData& f,
                                      const std::string& where) const {
   const Run& r = *run_;
-  const int next = static_cast<int>(r.next_addresses.size());
-  if (f.routes().empty()) {
-    if (r.replicas > 1 || next > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": no routes, but blocks have replicas"));
-    }
-    return absl::OkStatus();
-  }
-  const int64_t k_blocks = r.num_blocks;
-  if (f.routes_size() != int64_t{r.microbatches} * k_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": ", f.routes_size(), " route entries for ", r.microbatches,
-        " micro-batches of ", k_blocks, " blocks"));
-  }
-  std::vector<bool> used(r.replicas, false);
-  for (int mb = 0; mb < r.microbatches; ++mb) {
-    const int own = f.routes(mb * k_blocks + r.block);
-    const int down =
-        r.block + 1 < k_blocks ? f.routes(mb * k_blocks + r.block + 1) : 0;
-    if (own < 0 || own >= r.replicas || down < 0 ||
-        (r.block + 1 < k_blocks && down >= next)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": micro-batch ", mb, " routed to replica ", own,
-                       " of ", r.replicas, " and replica ", down, " of ",
-                       std::max(next, 1), " of the next block"));
-    }
-    used[own] = true;
-  }
-  // A replica without a micro-batch would never reach the step's
-  // reduction, and its peers would wait for it there.
-  for (int i = 0; i < r.replicas; ++i) {
-    if (!used[i]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": the routes give replica ", i, " of block ",
-                       r.block, " no micro-batch of the step"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckBlockRoutes(
+      absl::MakeConstSpan(f.routes().data(), f.routes_size()), r.microbatches,
+      r.num_blocks, r.block, r.replicas,
+      static_cast<int>(r.next_addresses.size()), where);
 }
 
 absl::Status WorkerCore::HandleForward(const DownFrame& msg, int from) {
