@@ -222,6 +222,17 @@ absl::StatusOr<Profile> LoadProfile(const std::string& path) {
     ASSIGN_OR_RETURN(bp.optimizer, Cost(where, "optimizer", c.has_optimizer(),
                                         c.optimizer()));
     p.per_block.push_back(bp);
+    // Optional: the calibrated pass ratios.
+    p.shared_extra.push_back(-1.0);
+    p.input_share.push_back(-1.0);
+    if (c.has_shared_extra()) {
+      ASSIGN_OR_RETURN(p.shared_extra.back(),
+                       Cost(where, "shared_extra", true, c.shared_extra()));
+    }
+    if (c.has_input_share()) {
+      ASSIGN_OR_RETURN(p.input_share.back(),
+                       Cost(where, "input_share", true, c.input_share()));
+    }
     // Optional, but for every block or none.
     if (c.has_parameters() != f.per_block(0).has_parameters()) {
       return Wrong(where, "parameters", "given for every block or for none");
@@ -263,22 +274,36 @@ ScaledPipeline ScaleProfile(const Profile& p, int blocks, int microbatches,
   const double scale =
       static_cast<double>(p.microbatches) / static_cast<double>(microbatches);
   std::vector<double> forward(kp), backward(kp), pass(kp), optimizer(kp);
+  // What yielding the input gradient adds to a parameter pass, per block:
+  // calibrated in the run, else the model's default.
+  std::vector<double> extra(kp, kSharedInputShare);
+  double mean_extra = 0;
   for (int k = 0; k < kp; ++k) {
     const BlockProfile& b = p.per_block[k];
     forward[k] = b.forward;
     backward[k] = b.backward;
     optimizer[k] = b.optimizer;
-    // One input-gradient-only pass: measured where the profile's mode ran
-    // some, else modelled as a share of the parameter pass.
-    const int early = measured.EarlyCount(k);
-    pass[k] = early > 0 && b.input_grad >= 0 ? b.input_grad / early
-                                             : kInputOnlyShare * b.backward;
-    // The parameter pass alone: where it also yielded the input gradient
-    // of an entry that goes upstream, that part costs about one pass.
-    if (measured.Shared(k) >= 0) {
-      backward[k] = std::max(0.0, b.backward - pass[k]);
+    if (static_cast<size_t>(k) < p.shared_extra.size() &&
+        p.shared_extra[k] >= 0) {
+      extra[k] = p.shared_extra[k];
     }
+    // Block 0's input gradient is never needed (nor calibrated).
+    if (k > 0) mean_extra += extra[k] / (kp - 1);
+    // The parameter pass alone, where it also yielded the input gradient
+    // of an entry that goes upstream.
+    if (measured.Shared(k) >= 0) backward[k] = b.backward / (1.0 + extra[k]);
+    // One input-gradient-only pass: measured where the profile's mode ran
+    // some, else calibrated, else modelled, as a share of the parameter
+    // pass.
+    const int early = measured.EarlyCount(k);
+    const double share =
+        static_cast<size_t>(k) < p.input_share.size() && p.input_share[k] >= 0
+            ? p.input_share[k]
+            : kInputOnlyShare;
+    pass[k] = early > 0 && b.input_grad >= 0 ? b.input_grad / early
+                                             : share * backward[k];
   }
+  if (kp == 1) mean_extra = kSharedInputShare;
   // Bytes of one gradient entry on link k -> k-1: measured where the
   // profile's mode sent gradients, else the activation's size (a gradient
   // has its activation's shape).
@@ -323,7 +348,8 @@ ScaledPipeline ScaleProfile(const Profile& p, int blocks, int microbatches,
     const bool last = k + 1 == blocks;
     b.forward = cost(forward, k) * scale;
     b.backward =
-        (cost(backward, k) + (s.Shared(k) >= 0 ? cost(pass, k) : 0.0)) * scale;
+        cost(backward, k) *
+        (s.Shared(k) >= 0 ? 1.0 + (same ? extra[k] : mean_extra) : 1.0) * scale;
     b.input_grad = cost(pass, k) * scale * s.EarlyCount(k);
     b.optimizer = cost(optimizer, k);
     if (last) {
@@ -457,13 +483,15 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
       p.wire, p.step_wall, p.step_virtual);
   out << absl::StrFormat(
       "Predicted for K=%d (%s), M=%d, link %.0f us + bytes / %.3g B/s; an "
-      "input-gradient-only pass costs what the profile measured, or %.1f of "
-      "the parameter pass where it ran none\n",
+      "input-gradient-only pass costs what the profile measured, or %.2f of "
+      "the parameter pass where it ran none; a parameter pass that also "
+      "yields the input gradient %.2f of one more\n",
       k,
       !cut.empty()    ? cut
       : k == p.blocks ? "measured block costs"
                       : "blocks of equal cost",
-      m, link.latency_seconds * 1e6, link.bytes_per_second, kInputOnlyShare);
+      m, link.latency_seconds * 1e6, link.bytes_per_second, kInputOnlyShare,
+      kSharedInputShare);
   if (replicated) {
     out << absl::StrFormat(
         "Replicas %s, reduction %s: a block's replicas split its "

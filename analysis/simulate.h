@@ -7,10 +7,12 @@
 // blocks), the parameter backward pass, and the input-gradient-only passes
 // the mode needs (PipelineShape::EarlyCount). One such pass costs what the
 // profile measured per pass at that block; where the profile's mode ran none
-// there, it is modelled as kInputOnlyShare of the parameter pass. A
-// parameter pass that also yields an upstream entry's input gradient
-// (PipelineShape::Shared) costs the parameter pass alone plus one such pass.
-// Per-micro- batch costs and message bytes scale by M_profile / M.
+// there, it costs the calibrated share of the parameter pass the profile
+// records (BlockCosts.input_share) or kInputOnlyShare of it. A parameter
+// pass that also yields an upstream entry's input gradient
+// (PipelineShape::Shared) costs (1 + BlockCosts.shared_extra, or
+// kSharedInputShare) parameter passes.
+// Per-micro-batch costs and message bytes scale by M_profile / M.
 //
 // Replicas (DESIGN §2.4): a block with R replicas is R tracks on the clock,
 // each running the micro-batches routed to it; its reduction costs what the
@@ -33,6 +35,12 @@ namespace interlock {
 // Cost of an input-gradient-only pass relative to the parameter backward
 // pass, where the profile did not measure one.
 inline constexpr double kInputOnlyShare = 0.5;
+// Extra cost, relative to the parameter pass, of a parameter pass that also
+// yields the block input's gradient, where the profile did not calibrate
+// it: the parameter pass already runs the chain back to the block's first
+// layers, which alone add their input gradient. Calibrated on blocks 1-3 of
+// the ready K = 4 configs: 0.12-0.37 (ResNet), 0-0.04 (Transformer).
+inline constexpr double kSharedInputShare = 0.25;
 // Steps replayed per prediction and the warm-up excluded from the mean.
 inline constexpr int64_t kSimSteps = 20;
 inline constexpr int64_t kSimWarmup = 5;
@@ -76,6 +84,10 @@ struct Profile {
   // Trained parameters per block; empty when the profile has none (older
   // profiles): a reduction then costs only its latency.
   std::vector<int64_t> parameters;
+  // Per block, the calibrated pass ratios (BlockCosts.shared_extra and
+  // input_share); -1 where the profile has none.
+  std::vector<double> shared_extra;
+  std::vector<double> input_share;
   std::vector<int> replicas;  // the run's (empty: one each)
   // Units per block of the run (empty in older profiles); all ones in a
   // unit profile (analysis/partition.h).

@@ -101,6 +101,14 @@ absl::Status WriteProfile(const PipelineSim& sim, const RunInfo& info,
     if (sh.parameters[k] > 0) {
       b->set_parameters(static_cast<double>(sh.parameters[k]));
     }
+    if (static_cast<size_t>(k) < info.shared_extra.size() &&
+        info.shared_extra[k] >= 0) {
+      b->set_shared_extra(info.shared_extra[k]);
+    }
+    if (static_cast<size_t>(k) < info.input_share.size() &&
+        info.input_share[k] >= 0) {
+      b->set_input_share(info.input_share[k]);
+    }
   }
   if (sh.Tracks() > sh.blocks) {
     for (int r : sh.replicas) p.add_replicas(r);

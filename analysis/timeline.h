@@ -24,6 +24,10 @@ struct RunInfo {
   int64_t steps = 0;
   double mean_step_wall = 0.0;
   double mean_step_virtual = 0.0;
+  // Per block, the calibrated pass ratios (RunClock::SharedExtra and
+  // InputShare); a block beyond them or with -1 has none.
+  std::vector<double> shared_extra;
+  std::vector<double> input_share;
 };
 
 // profile.json: per-block mean durations (per micro-batch; optimizer per

@@ -1,5 +1,6 @@
 #include "coordinator/run_clock.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "services/models.h"
@@ -89,8 +90,51 @@ void RunClock::OnMicrobatch(int64_t step, int mb,
     if (t.phase == Phase::kHead) d[t.block].head += t.seconds;
     if (t.phase == Phase::kBackward) d[t.block].backward += t.seconds;
     if (t.phase == Phase::kInputGrad) d[t.block].input_grad += t.seconds;
+    if (t.phase == Phase::kParamPass || t.phase == Phase::kSharedPass ||
+        t.phase == Phase::kInputPass) {
+      passes_.resize(k);
+      Passes& p = passes_[t.block];
+      (t.phase == Phase::kParamPass    ? p.param
+       : t.phase == Phase::kSharedPass ? p.shared
+                                       : p.input)
+          .push_back(t.seconds);
+    }
   }
   sim_->SetMicrobatch(step - base_, mb, std::move(d));
+}
+
+namespace {
+
+// The median of num[i] / den[i] - offset over the pairs with den[i] > 0; -1
+// with none.
+double MedianRatio(const std::vector<double>& num,
+                   const std::vector<double>& den, double offset) {
+  std::vector<double> r;
+  for (size_t i = 0; i < std::min(num.size(), den.size()); ++i) {
+    if (den[i] > 0) r.push_back(std::max(0.0, num[i] / den[i] - offset));
+  }
+  if (r.empty()) return -1.0;
+  std::sort(r.begin(), r.end());
+  const size_t h = r.size() / 2;
+  return r.size() % 2 ? r[h] : (r[h - 1] + r[h]) / 2;
+}
+
+}  // namespace
+
+std::vector<double> RunClock::SharedExtra() const {
+  std::vector<double> out;
+  for (const Passes& p : passes_) {
+    out.push_back(MedianRatio(p.shared, p.param, 1.0));
+  }
+  return out;
+}
+
+std::vector<double> RunClock::InputShare() const {
+  std::vector<double> out;
+  for (const Passes& p : passes_) {
+    out.push_back(MedianRatio(p.input, p.param, 0.0));
+  }
+  return out;
 }
 
 void RunClock::OnOptimizer(int64_t step, int block, double seconds) {

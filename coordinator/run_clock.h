@@ -99,6 +99,12 @@ class RunClock {
   ClockSummary Summary(int64_t steps) const;
   // Null until started.
   const PipelineSim* sim() const { return sim_.get(); }
+  // Per block, from the calibrated micro-batches (BlockTrainer::Calibrate):
+  // the median share a parameter pass that also yields the input gradient
+  // costs more than one that does not, and the median cost of an
+  // input-only pass against a parameter pass; -1 where none was measured.
+  std::vector<double> SharedExtra() const;
+  std::vector<double> InputShare() const;
 
  private:
   const LinkModel link_;
@@ -110,6 +116,11 @@ class RunClock {
   // (step, micro-batch) and (step, -1 - block) whose durations the clock
   // has: a replay after a recovery does not give them twice.
   std::set<std::pair<int64_t, int>> fed_;
+  // Per block, the calibrated passes' seconds: parameters, shared, input.
+  struct Passes {
+    std::vector<double> param, shared, input;
+  };
+  std::vector<Passes> passes_;
 };
 
 }  // namespace interlock

@@ -183,6 +183,8 @@ absl::Status WriteRunFiles(const v1::RunConfig& config, const TrainResult& r,
   info.steps = r.steps - clock.base();
   info.mean_step_wall = r.mean_step_wall;
   info.mean_step_virtual = r.mean_step_virtual;
+  info.shared_extra = clock.SharedExtra();
+  info.input_share = clock.InputShare();
   RETURN_IF_ERROR(WriteProfile(*clock.sim(), info, out_dir + "/profile.json"));
   return WriteTimeline(*clock.sim(), info, out_dir);
 }

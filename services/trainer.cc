@@ -21,6 +21,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Calibrate (three extra backward passes) micro-batches kCalibrateAfter to
+// kCalibrateAfter + kCalibrations - 1 of each block.
+constexpr int64_t kCalibrateAfter = 4;
+constexpr int64_t kCalibrations = 3;
+
 // The seconds an operation on `device` took since `t0`: waits for the
 // device first, so an asynchronous device's time is execution, not launch.
 double SecondsSince(const c10::Device& device, Clock::time_point t0) {
@@ -66,6 +71,12 @@ const char* PhaseName(Phase p) {
       return "optimizer";
     case Phase::kInputGrad:
       return "input_grad";
+    case Phase::kParamPass:
+      return "param_pass";
+    case Phase::kSharedPass:
+      return "shared_pass";
+    case Phase::kInputPass:
+      return "input_pass";
   }
   return "unknown";
 }
@@ -289,6 +300,25 @@ absl::StatusOr<EntryResult> BlockTrainer::Entry(int mb, int i,
   });
 }
 
+void BlockTrainer::Calibrate(const Pending& p, const torch::Tensor& theta_grad,
+                             std::vector<OpTiming>& timings) {
+  std::vector<torch::Tensor> both = block_params_;
+  both.push_back(p.input);
+  const std::pair<Phase, std::vector<torch::Tensor>> passes[] = {
+      {Phase::kParamPass, block_params_},
+      {Phase::kSharedPass, both},
+      {Phase::kInputPass, {p.input}}};
+  for (const auto& [phase, inputs] : passes) {
+    auto t0 = Clock::now();
+    // torch::autograd::grad returns the gradients instead of accumulating
+    // them, so training sees none of this.
+    torch::autograd::grad({p.output}, inputs, {theta_grad},
+                          /*retain_graph=*/true, /*create_graph=*/false,
+                          /*allow_unused=*/true);
+    timings.push_back({options_.block, phase, SecondsSince(device(), t0)});
+  }
+}
+
 absl::Status BlockTrainer::RunBlock(int mb, const torch::Tensor& input,
                                     const torch::Tensor& target,
                                     bool input_nonfinite, Pending& p,
@@ -296,7 +326,14 @@ absl::Status BlockTrainer::RunBlock(int mb, const torch::Tensor& input,
   const torch::Tensor x = OnDevice(input);
   p.target = OnDevice(target);
   auto t0 = Clock::now();
-  p.input = UpstreamListSize() > 0 ? x.detach().requires_grad_(true) : x;
+  // Calibrate a few micro-batches after the first ones (allocations and
+  // cold caches) of every block whose input gradient some mode needs.
+  p.calibrate = options_.block > 0 && forwards_ >= kCalibrateAfter &&
+                forwards_ < kCalibrateAfter + kCalibrations;
+  ++forwards_;
+  p.input = UpstreamListSize() > 0 || p.calibrate
+                ? x.detach().requires_grad_(true)
+                : x;
   p.output = modules_.block->forward(p.input);
   r.timings.push_back(
       {options_.block, Phase::kForward, SecondsSince(device(), t0)});
@@ -475,6 +512,10 @@ absl::StatusOr<BackwardResult> BlockTrainer::Backward(
     torch::Tensor theta_grad = list[last];
     if (options_.sum_rule) {
       for (int i = last - 1; i >= 0; --i) theta_grad = theta_grad + list[i];
+    }
+    if (p.calibrate && !block_params_.empty() && !skip_step_) {
+      Calibrate(p, theta_grad, r.timings);
+      t0 = Clock::now();
     }
     // Entries that only feed upstream had their input-gradient-only passes
     // (Entry()); the one the parameter pass yields comes out here.

@@ -66,7 +66,21 @@ struct LossReport {
 // Duration of one operation, for the virtual clock and the metrics.
 // kInputGrad: an input-gradient-only pass for one entry of the list that
 // goes upstream (run as soon as that entry is known, see Entry()).
-enum class Phase { kForward, kHead, kBackward, kOptimizer, kInputGrad };
+// kParamPass, kSharedPass and kInputPass time the three kinds of backward
+// pass side by side on a few micro-batches (BlockTrainer::Calibrate): the
+// parameters alone, the parameters and the block's input, the input alone.
+// They are not part of the schedule; the virtual clock leaves them out and
+// profile.json records their ratios for `interlock simulate`.
+enum class Phase {
+  kForward,
+  kHead,
+  kBackward,
+  kOptimizer,
+  kInputGrad,
+  kParamPass,
+  kSharedPass,
+  kInputPass
+};
 const char* PhaseName(Phase p);
 struct OpTiming {
   int block = 0;
@@ -269,12 +283,19 @@ class BlockTrainer {
     bool input_nonfinite = false;   // nothing of it may train or go upstream
     bool output_nonfinite = false;  // the output stands for non-finite values
     bool head_done = false;         // RunHead has run (or there is no head)
+    bool calibrate = false;         // time the three passes (Calibrate)
   };
   // The halves of Forward.
   absl::Status RunBlock(int mb, const torch::Tensor& input,
                         const torch::Tensor& target, bool input_nonfinite,
                         Pending& p, ForwardResult& r);
   absl::Status RunHead(int mb, Pending& p, ForwardResult& r);
+
+  // Times, on p's graph and before its parameter pass, a parameter-only, a
+  // parameter-and-input and an input-only pass, none of which accumulates
+  // into a parameter's gradient.
+  void Calibrate(const Pending& p, const torch::Tensor& theta_grad,
+                 std::vector<OpTiming>& timings);
 
   // Applies training.nonfinite_policy to a non-finite value described by
   // `what`: STOP returns the error; SKIP_STEP marks this step skipped.
@@ -294,6 +315,7 @@ class BlockTrainer {
   bool last_step_skipped_ = false;
   int64_t nonfinite_count_ = 0;
   int accumulated_ = 0;
+  int64_t forwards_ = 0;  // micro-batches forwarded, for Calibrate's choice
   int last_applied_ = 0;
   std::unique_ptr<Replication> replication_;  // null: the only replica
   double last_reduction_seconds_ = 0.0;

@@ -255,6 +255,9 @@ Phase PhaseFromName(const std::string& name) {
   if (name == "backward") return Phase::kBackward;
   if (name == "optimizer") return Phase::kOptimizer;
   if (name == "input_grad") return Phase::kInputGrad;
+  if (name == "param_pass") return Phase::kParamPass;
+  if (name == "shared_pass") return Phase::kSharedPass;
+  if (name == "input_pass") return Phase::kInputPass;
   return Phase::kForward;
 }
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -165,6 +166,19 @@ TEST_F(CompareTest, PlotsAreValidPngsEmbeddedInTheReport) {
 
 TEST_F(CompareTest, SimulatePredictsEveryModeFromTheProfile) {
   ASSERT_EQ(run_.exit_code, 0) << run_.output;
+  // Every mode's profile records the calibrated pass ratios of the blocks
+  // whose input gradient some mode needs (not block 0), 1-way's too.
+  for (const char* mode : {"e2e", "1way", "2way"}) {
+    auto p = LoadProfile(dir_ + "/" + mode);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->shared_extra.size(), 3u);
+    EXPECT_EQ(p->shared_extra[0], -1.0) << mode;
+    EXPECT_EQ(p->input_share[0], -1.0) << mode;
+    for (int k = 1; k < 3; ++k) {
+      EXPECT_GE(p->shared_extra[k], 0.0) << mode << " block " << k;
+      EXPECT_GT(p->input_share[k], 0.0) << mode << " block " << k;
+    }
+  }
   auto r = RunCommand(kCli + " simulate --profile " + dir_ +
                       "/2way --blocks 3 --n 2 --sweep");
   // step_of reads `r`, whichever run it holds.
@@ -378,21 +392,55 @@ TEST(Simulate, StepTimesWorkedOutByHand) {
   p.per_block[0].head = 0.0;  // E2E: only the last block has a loss
   EXPECT_NEAR(PredictMode(p, 2, 1, p.link, e2e).step_seconds, 6.5, 1e-9);
   // 1-way: every block runs alone. Block 1's E2E backward also gave block 0
-  // its input gradient, modelled as half of it, which 1-way does not need:
-  // block 1 takes f + h + b/2 = 2.5, block 0 f + b = 3 (the E2E profile has
-  // no auxiliary head cost).
-  EXPECT_NEAR(PredictMode(p, 2, 1, p.link, one).step_seconds, 3.0, 1e-9);
+  // its input gradient, which 1-way does not need: its parameter pass is
+  // b / (1 + kSharedInputShare). Block 1 takes f + h + that, block 0 f + b
+  // = 3 (the E2E profile has no auxiliary head cost).
+  const double s = kSharedInputShare;
+  EXPECT_NEAR(PredictMode(p, 2, 1, p.link, one).step_seconds,
+              std::max(3.0, 1.5 + 2.0 / (1 + s)), 1e-9);
   // The same model cut into 4 equal blocks: forward 0.5 each, parameter
-  // passes (2 + 1) / 4 = 0.75, input passes (1 + 1) / 4 = 0.5 on blocks 1-3:
-  // 4 * 0.5 + 0.5 + 0.75 + 3 * 1.25 = 7.0.
-  EXPECT_NEAR(PredictMode(p, 4, 1, p.link, e2e).step_seconds, 7.0, 1e-9);
+  // passes b4 = (2 + 2 / (1 + s)) / 4, which blocks 1-3 also yield their
+  // input gradient from: 4 * 0.5 + 0.5 + b4 + 3 * b4 * (1 + s).
+  const double b4 = (2.0 + 2.0 / (1 + s)) / 4;
+  EXPECT_NEAR(PredictMode(p, 4, 1, p.link, e2e).step_seconds,
+              2.5 + b4 + 3 * b4 * (1 + s), 1e-9);
   const ScaledPipeline four = ScaleProfile(p, 4, 1, p.link, e2e);
   ASSERT_EQ(four.costs.size(), 4u);
   EXPECT_NEAR(four.costs[1].forward, 0.5, 1e-12);
-  EXPECT_NEAR(four.costs[0].backward, 0.75, 1e-12);
-  EXPECT_NEAR(four.costs[1].backward, 1.25, 1e-12);
+  EXPECT_NEAR(four.costs[0].backward, b4, 1e-12);
+  EXPECT_NEAR(four.costs[1].backward, b4 * (1 + s), 1e-12);
   EXPECT_NEAR(four.costs[3].head, 0.5, 1e-12);
   EXPECT_EQ(four.shape.down_bytes, std::vector<int64_t>(3, 1000));
+}
+
+// Calibrated pass ratios replace the defaults, block by block.
+TEST(Simulate, CalibratedPassRatios) {
+  ModeSpec e2e;
+  e2e.e2e = true;
+  ModeSpec one;
+  one.n = 1;
+  ModeSpec two_sum;
+  two_sum.n = 2;
+  two_sum.sum = true;
+  // A 1-way profile (parameter passes alone: 2.0) with block 1 calibrated
+  // and block 2 not.
+  Profile p = HandProfile(3, one, 1.0, 0.25, 2.0);
+  p.shared_extra = {-1.0, 0.1, -1.0};
+  p.input_share = {-1.0, 0.8, -1.0};
+  const ScaledPipeline e = ScaleProfile(p, 3, 1, p.link, e2e);
+  EXPECT_NEAR(e.costs[0].backward, 2.0, 1e-12);
+  EXPECT_NEAR(e.costs[1].backward, 2.0 * 1.1, 1e-12);
+  EXPECT_NEAR(e.costs[2].backward, 2.0 * (1 + kSharedInputShare), 1e-12);
+  // 2-way SUM: blocks 1 and 2 send their own entry up in an input-only pass.
+  const ScaledPipeline s = ScaleProfile(p, 3, 1, p.link, two_sum);
+  EXPECT_NEAR(s.costs[1].input_grad, 0.8 * 2.0, 1e-12);
+  // Block 2, the last, yields its entry from the parameter pass.
+  EXPECT_NEAR(s.costs[2].backward, 2.0 * (1 + kSharedInputShare), 1e-12);
+  // Read back from an E2E profile, the parameter pass is the shared one
+  // less the calibrated extra.
+  Profile q = HandProfile(3, e2e, 1.0, 0.25, 2.2);
+  q.shared_extra = {-1.0, 0.1, 0.1};
+  EXPECT_NEAR(ScaleProfile(q, 3, 1, q.link, one).costs[1].backward, 2.0, 1e-12);
 }
 
 TEST(Simulate, InputGradientPassesPerMode) {

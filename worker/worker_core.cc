@@ -265,6 +265,10 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
         case Phase::kInputGrad:
           r->metrics->input_grad_seconds->Observe(t.seconds);
           break;
+        case Phase::kParamPass:  // calibration, not training work
+        case Phase::kSharedPass:
+        case Phase::kInputPass:
+          break;
       }
     }
     for (const auto& rep : m.reports) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables for tests/bench/virtual_clock.sh (Python 3 standard library only).
 
-Reads RESULTS/runs.tsv (part, M, mode, engine, round, run folder) and each
-run's metrics.jsonl. Step times are medians of the differences of
+Reads RESULTS/runs.tsv (part, M or config, mode, engine, round, run folder),
+each run's metrics.jsonl and the simulate.txt beside it. Step times are medians of the differences of
 `wall_seconds` (or `virtual_seconds`) between consecutive steps, after the
 warm-up steps, pooled over rounds (step_time_stats.step_times).
 """
@@ -13,6 +13,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_time_stats import MODE_LABELS, step_times  # noqa: E402
+
+
+# The modes the K = 4 part predicts, in table order.
+MODE_ORDER = ["e2e", "1", "2", "2sum", "3", "3sum"]
 
 
 def median(values):
@@ -42,10 +46,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results")
     ap.add_argument("--fid-warmup", type=int, default=5)
-    ap.add_argument("--head-warmup", type=int, default=4)
+    ap.add_argument("--k4-warmup", type=int, default=None,
+                    help="default: 4 for the Transformer, else 5")
     args = ap.parse_args()
     fid = {}   # (M, mode) -> {"wall": [], "virtual": [], "sim": []}
-    head = {}  # mode -> virtual step times
+    k4 = {}  # config -> {mode: {"virtual": [], "sim": {mode: []}}}
     order = []
     with open(os.path.join(args.results, "runs.tsv")) as f:
         for line in f:
@@ -63,8 +68,15 @@ def main():
                 else:
                     fid[key]["sim"].append(simulated(run, mode))
             else:
-                head.setdefault(mode, []).extend(
-                    step_times(path, args.head_warmup, "virtual_seconds"))
+                warmup = args.k4_warmup
+                if warmup is None:
+                    warmup = 4 if "transformer" in m else 5
+                d = k4.setdefault(m, {}).setdefault(
+                    mode, {"virtual": [], "sim": {}})
+                d["virtual"] += step_times(path, warmup, "virtual_seconds")
+                for target in MODE_ORDER:
+                    d["sim"].setdefault(target, []).append(
+                        simulated(run, target))
     if fid:
         print("### Fidelity, K = 2 (two workers, one thread each)\n")
         print("| M | mode | measured wall s/step | run's virtual clock | "
@@ -76,15 +88,27 @@ def main():
             print(f"| {key[0]} | {MODE_LABELS.get(key[1], key[1])} | {w:.4f} "
                   f"| {v:.4f} | {v / w:.3f} | {s:.4f} | {s / w:.3f} |")
         print()
-    if head:
-        print("### Headline, K = 4 Transformer, virtual clock\n")
-        print("| mode | virtual s/step | / E2E |")
-        print("|---|---|---|")
-        e2e = median(head.get("e2e", []))
-        for mode, times in head.items():
-            v = median(times)
-            print(f"| {MODE_LABELS.get(mode, mode)} | {v:.4f} | {v / e2e:.3f} |")
-
+    for config, runs in k4.items():
+        modes = [m for m in MODE_ORDER if m in runs]
+        measured = {m: median(runs[m]["virtual"]) for m in modes}
+        print(f"### Fidelity, K = 4, {config} (virtual clock)\n")
+        print("Rows: the run whose profile simulate read; columns: the mode "
+              "predicted, as predicted / the virtual s/step that mode's own "
+              "run measured.\n")
+        labels = [MODE_LABELS.get(m, m) for m in modes]
+        print("| profile | " + " | ".join(labels) + " |")
+        print("|---|" + "---:|" * len(modes))
+        print("| measured s/step | " +
+              " | ".join(f"{measured[m]:.4f}" for m in modes) + " |")
+        for src in modes:
+            cells = []
+            for m in modes:
+                pred = median([x for x in runs[src]["sim"].get(m, [])
+                               if x == x])
+                cells.append(f"{pred / measured[m]:.3f}")
+            print(f"| {MODE_LABELS.get(src, src)} | " + " | ".join(cells) +
+                  " |")
+        print()
 
 if __name__ == "__main__":
     main()
