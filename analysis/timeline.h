@@ -31,7 +31,8 @@ struct RunInfo {
 };
 
 // profile.json: per-block mean durations (per micro-batch; optimizer per
-// step and replica), trained parameters, link bytes and model, and the
+// step and replica; the first step left out when there are more), trained
+// parameters, link bytes and model, and the
 // run's mean step times.
 absl::Status WriteProfile(const PipelineSim& sim, const RunInfo& info,
                           const std::string& path);

@@ -51,10 +51,13 @@ double PipelineSim::Busy(int block) const {
   return busy;
 }
 
-double PipelineSim::BusyPhase(int block, SpanKind kind) const {
+double PipelineSim::BusyPhase(int block, SpanKind kind,
+                              bool after_first) const {
   double busy = 0;
   for (int r = 0; r < shape_.Replicas(block); ++r) {
-    busy += tracks_[shape_.Track(block, r)].phase_busy[static_cast<int>(kind)];
+    const Track& t = tracks_[shape_.Track(block, r)];
+    busy += t.phase_busy[static_cast<int>(kind)];
+    if (after_first) busy -= t.first_step_busy[static_cast<int>(kind)];
   }
   return busy;
 }
@@ -150,6 +153,7 @@ void PipelineSim::AddSpan(int k, SpanKind kind, int64_t step, int mb,
   Track& b = tracks_[k];
   b.busy += seconds;
   b.phase_busy[static_cast<int>(kind)] += seconds;
+  if (step == 0) b.first_step_busy[static_cast<int>(kind)] += seconds;
   if (step < keep_span_steps_ && seconds > 0) {
     spans_.push_back(
         Span{b.block, kind, step, mb, start, start + seconds, b.replica});

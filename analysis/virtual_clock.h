@@ -182,7 +182,9 @@ class PipelineSim {
   double Now() const { return now_; }
   // Busy seconds of a block: the sum over its replicas.
   double Busy(int block) const;
-  double BusyPhase(int block, SpanKind kind) const;
+  // `after_first`: leaving out the first replayed step (cold caches, first
+  // allocations), as the mean step times do.
+  double BusyPhase(int block, SpanKind kind, bool after_first = false) const;
   // Busy seconds of one replica of a block.
   double ReplicaBusy(int block, int replica) const {
     return tracks_[shape_.Track(block, replica)].busy;
@@ -224,6 +226,7 @@ class PipelineSim {
     double free_at = 0.0;
     double busy = 0.0;
     double phase_busy[kSpanKinds] = {};
+    double first_step_busy[kSpanKinds] = {};  // of it, in step 0
   };
   // The replicas of a block that reached a step's reduction.
   struct Barrier {

@@ -26,19 +26,25 @@ def median(values):
 def simulated(run_dir, mode):
     """Step time `interlock simulate` printed for this mode, if any."""
     if mode == "e2e":
-        label = "e2e"
+        labels = ["e2e"]
     elif mode.endswith("sum"):
-        label = mode[:-3] + "-way sum"
+        # simulate prints no SUM row where SUM runs the passes FURTHEST
+        # runs (2-way at K = 4, say): the FURTHEST row stands for it.
+        labels = [mode[:-3] + "-way sum", mode[:-3] + "-way furthest"]
     else:
-        label = mode + "-way furthest"
+        labels = [mode + "-way furthest"]
     try:
         with open(os.path.join(run_dir, "simulate.txt")) as f:
-            for line in f:
-                text = line.lstrip("* ").rstrip()
-                if text.startswith(label + " "):
+            lines = [line.lstrip("* ").rstrip() for line in f]
+    except OSError:
+        return float("nan")
+    for label in labels:
+        for text in lines:
+            if text.startswith(label + " "):
+                try:
                     return float(text[len(label):].split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
+                except (ValueError, IndexError):
+                    return float("nan")
     return float("nan")
 
 
