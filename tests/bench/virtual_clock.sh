@@ -21,7 +21,9 @@
 #    is what is checked, not the replay of a run's own durations.
 #
 # Settings (environment variables):
-#   STEPS=30 FID_WARMUP=5        K = 2 runs
+#   STEPS=30 FID_WARMUP=8        K = 2 runs (steps 8+ counted: at M = 1
+#                                steps 4-6 run the calibration passes, which
+#                                the wall time has and the clocks leave out)
 #   STEPS4=30 K4_WARMUP=5        K = 4 runs (the Transformer: 14 and 4)
 #   ROUNDS=2                     rounds (every mode once per round)
 #   PARTS="fidelity k4"
@@ -104,5 +106,5 @@ for part in $PARTS; do
   fi
 done
 date -u +"end %Y-%m-%dT%H:%M:%SZ" | tee -a "$OUT/when"
-python3 tests/bench/virtual_clock_stats.py "$OUT" --fid-warmup "${FID_WARMUP:-5}" \
+python3 tests/bench/virtual_clock_stats.py "$OUT" --fid-warmup "${FID_WARMUP:-8}" \
   ${K4_WARMUP:+--k4-warmup "$K4_WARMUP"}

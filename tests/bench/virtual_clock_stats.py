@@ -60,7 +60,7 @@ def simulated(run_dir, mode):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results")
-    ap.add_argument("--fid-warmup", type=int, default=5)
+    ap.add_argument("--fid-warmup", type=int, default=8)
     ap.add_argument("--k4-warmup", type=int, default=None,
                     help="default: 4 for the Transformer, else 5")
     args = ap.parse_args()
