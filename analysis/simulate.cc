@@ -88,6 +88,36 @@ PipelineShape ListsOf(const ModeSpec& m, int blocks) {
 
 std::string Percent(double r) { return absl::StrFormat("%.0f%%", 100.0 * r); }
 
+// How the backward passes a profile did not run are costed: the run's own
+// calibration where it has one (blocks 1.., per block), else fixed shares.
+std::string PassModel(const Profile& p) {
+  std::vector<std::string> extra, share;
+  for (int k = 1; k < p.blocks; ++k) {
+    const size_t i = static_cast<size_t>(k);
+    if (i < p.shared_extra.size() && p.shared_extra[i] >= 0 &&
+        i < p.input_share.size() && p.input_share[i] >= 0) {
+      extra.push_back(absl::StrFormat("%.2f", p.shared_extra[i]));
+      share.push_back(absl::StrFormat("%.2f", p.input_share[i]));
+    }
+  }
+  if (!extra.empty() && extra.size() == static_cast<size_t>(p.blocks - 1)) {
+    return absl::StrCat(
+        "Backward passes, as the run calibrated them for blocks 1..",
+        p.blocks - 1,
+        ": a parameter pass that also yields the input gradient costs ",
+        absl::StrJoin(extra, "/"), " of one more; an input-gradient-only pass ",
+        absl::StrJoin(share, "/"),
+        " of a parameter pass (or what the profile measured, where its mode "
+        "ran some)");
+  }
+  return absl::StrFormat(
+      "Backward passes (the profile has no calibration): an "
+      "input-gradient-only pass costs what the profile measured, or %.2f of "
+      "the parameter pass where it ran none; a parameter pass that also "
+      "yields the input gradient %.2f of one more",
+      kInputOnlyShare, kSharedInputShare);
+}
+
 }  // namespace
 
 std::string ModeSpec::Label() const {
@@ -482,16 +512,12 @@ int SimulateMain(const SimulateOptions& o, std::ostream& out,
       p.path, measured_blocks, p.microbatches, p.batch_size, p.mode.Label(),
       p.wire, p.step_wall, p.step_virtual);
   out << absl::StrFormat(
-      "Predicted for K=%d (%s), M=%d, link %.0f us + bytes / %.3g B/s; an "
-      "input-gradient-only pass costs what the profile measured, or %.2f of "
-      "the parameter pass where it ran none; a parameter pass that also "
-      "yields the input gradient %.2f of one more\n",
-      k,
+      "Predicted for K=%d (%s), M=%d, link %.0f us + bytes / %.3g B/s\n", k,
       !cut.empty()    ? cut
       : k == p.blocks ? "measured block costs"
                       : "blocks of equal cost",
-      m, link.latency_seconds * 1e6, link.bytes_per_second, kInputOnlyShare,
-      kSharedInputShare);
+      m, link.latency_seconds * 1e6, link.bytes_per_second);
+  out << PassModel(p) << "\n";
   if (replicated) {
     out << absl::StrFormat(
         "Replicas %s, reduction %s: a block's replicas split its "
