@@ -39,7 +39,7 @@ inline constexpr double kInputOnlyShare = 0.5;
 // yields the block input's gradient, where the profile did not calibrate
 // it: the parameter pass already runs the chain back to the block's first
 // layers, which alone add their input gradient. Calibrated on blocks 1-3 of
-// the ready K = 4 configs: 0.12-0.37 (ResNet), 0-0.04 (Transformer).
+// the ready K = 4 configs: 0.06-0.40 (ResNet), 0-0.10 (Transformer).
 inline constexpr double kSharedInputShare = 0.25;
 // Steps replayed per prediction and the warm-up excluded from the mean.
 inline constexpr int64_t kSimSteps = 20;

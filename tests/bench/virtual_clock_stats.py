@@ -125,5 +125,6 @@ def main():
                   " |")
         print()
 
+
 if __name__ == "__main__":
     main()
