@@ -3,10 +3,12 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include <algorithm>
+#include <future>
 #include <limits>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/status.h"
 
 namespace interlock {
 namespace {
@@ -90,6 +92,42 @@ std::string GrpcAddress(const std::string& host, int port) {
   return bare.find(':') == std::string::npos
              ? absl::StrCat(bare, ":", port)
              : absl::StrCat("[", bare, "]:", port);
+}
+
+absl::StatusOr<int> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                const std::string& service,
+                                absl::Time deadline) {
+  if (service.size() > 127) {
+    return absl::InvalidArgumentError("health check: service name too long");
+  }
+  // HealthCheckRequest{string service = 1}; a name under 128 bytes has a
+  // one-byte length.
+  std::string request;
+  if (!service.empty()) {
+    request.push_back('\x0a');
+    request.push_back(static_cast<char>(service.size()));
+    request += service;
+  }
+  grpc::Slice slice(request);
+  grpc::ByteBuffer request_buffer(&slice, 1);
+  grpc::ByteBuffer response_buffer;
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request_buffer, &response_buffer,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  const grpc::Status status = done.get_future().get();
+  if (!status.ok()) return FromGrpcStatus(status);
+  grpc::Slice reply;
+  if (!response_buffer.DumpToSingleSlice(&reply).ok()) {
+    return absl::DataLossError("health check: unreadable reply");
+  }
+  // HealthCheckResponse{ServingStatus status = 1}: field 1, varint; absent
+  // means 0 (UNKNOWN).
+  const auto* bytes = reinterpret_cast<const char*>(reply.begin());
+  return reply.size() >= 2 && bytes[0] == '\x08' ? bytes[1] : 0;
 }
 
 }  // namespace interlock

@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "rpc/security.h"
 
 namespace interlock {
@@ -30,6 +32,18 @@ std::shared_ptr<grpc::Channel> MakeChannel(
 std::string Unbracketed(const std::string& host);
 // "host:port" for a gRPC listening port, bracketing an IPv6 literal.
 std::string GrpcAddress(const std::string& host, int port);
+
+// The health service a worker answers SERVING from start to shutdown,
+// configured or not (the name Kubernetes' liveness probe asks for).
+constexpr char kLivenessService[] = "liveness";
+
+// grpc.health.v1.Health/Check of `service` ("" for the server as a whole)
+// over `channel`: the ServingStatus the server answers (1 = SERVING), or the
+// call's error. A real call, so a peer that died is noticed even while the
+// channel still looks connected.
+absl::StatusOr<int> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                const std::string& service,
+                                absl::Time deadline);
 
 // Server-side limits and keepalive policy. A compressed message is held to
 // the same limit once inflated.

@@ -21,6 +21,20 @@ bool WorkerClient::WaitForConnected(absl::Time deadline) {
   return channel_->WaitForConnected(absl::ToChronoTime(deadline));
 }
 
+absl::Status WorkerClient::Ping(absl::Time deadline) {
+  absl::StatusOr<int> code = CheckHealth(channel_, kLivenessService, deadline);
+  if (!code.ok()) {
+    return absl::Status(code.status().code(),
+                        absl::StrCat(label_, ": health check failed: ",
+                                     code.status().message()));
+  }
+  if (*code != 1) {
+    return absl::UnavailableError(
+        absl::StrCat(label_, ": not serving (health status ", *code, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::ConfigureResponse> WorkerClient::Configure(
     const v1::ConfigureRequest& request, absl::Time deadline,
     bool wait_for_ready) {

@@ -33,6 +33,10 @@ class WorkerClient {
   const std::string& label() const { return label_; }
 
   bool WaitForConnected(absl::Time deadline);
+  // OK while the worker answers its liveness health check by the deadline
+  // (configured or not). Unlike WaitForConnected, this notices a worker
+  // that died while its channel still looks connected.
+  absl::Status Ping(absl::Time deadline);
 
   // `wait_for_ready`: wait for a worker still coming up instead of failing
   // at once while it is unreachable.

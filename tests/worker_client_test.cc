@@ -172,6 +172,22 @@ TEST_F(WorkerClientTest, RefusalsKeepTheirCodeAndNameTheWorkerAndTheCall) {
             std::string::npos);
 }
 
+TEST_F(WorkerClientTest, PingNoticesAWorkerKilledWhileItsChannelWasReady) {
+  ASSERT_TRUE(client_->Ping(Later()).ok());
+  // The channel was READY a moment ago; a real call, not the channel's
+  // state, tells that the process behind it is gone.
+  StopWorker(worker_, SIGKILL);
+  const absl::Time t0 = absl::Now();
+  absl::Status s = client_->Ping(absl::Now() + absl::Seconds(1));
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(IsTransient(s)) << s;
+  EXPECT_NE(s.message().find("worker 0 (" + worker_.address() +
+                             "): health check failed"),
+            std::string::npos)
+      << s;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+}
+
 TEST_F(WorkerClientTest, StateGoesOutAndComesBackWhole) {
   auto stub = v1::Worker::NewStub(Plaintext(worker_));
   // The parameters and step of the block, as GetState reports them.

@@ -1,7 +1,6 @@
 // interlock-worker: hosts one block of a model (chosen by the coordinator at
 // Configure time) behind a gRPC service.
 #include <arpa/inet.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <netdb.h>
 #include <signal.h>
@@ -10,7 +9,6 @@
 
 #include <cstdio>
 #include <fstream>
-#include <future>
 #include <iostream>
 #include <string>
 #include <tuple>
@@ -159,50 +157,23 @@ absl::Status CheckTargetPort(const std::string& flag,
   return absl::OkStatus();
 }
 
-// grpc.health.v1.Health/Check over a generic stub: the request is
-// HealthCheckRequest{string service = 1}, the reply
-// HealthCheckResponse{ServingStatus status = 1} (1 = SERVING).
+// Prints the server's serving status; 0 when SERVING.
 int HealthCheck(const std::string& target, const std::string& service,
                 const interlock::TransportSecurity& security) {
-  if (service.size() > 127) {
-    std::cerr << "interlock-worker: error: --health_service is too long\n";
-    return 2;
-  }
-  std::string request;
-  if (!service.empty()) {
-    request.push_back('\x0a');
-    request.push_back(static_cast<char>(service.size()));
-    request += service;
-  }
-  grpc::Slice slice(request);
-  grpc::ByteBuffer request_buffer(&slice, 1);
-  grpc::ByteBuffer response_buffer;
   // With this worker's certificates, so a probe can check a worker that
   // requires mutual TLS.
-  grpc::GenericStub stub(interlock::MakeChannel(target, 4 << 20, security));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(5));
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
-                 &request_buffer, &response_buffer,
-                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
-  const grpc::Status status = done.get_future().get();
-  if (!status.ok()) {
+  absl::StatusOr<int> code =
+      interlock::CheckHealth(interlock::MakeChannel(target, 4 << 20, security),
+                             service, absl::Now() + absl::Seconds(5));
+  if (!code.ok()) {
     std::cerr << "interlock-worker: health check of " << target
-              << " failed: " << status.error_message() << "\n";
+              << " failed: " << code.status().message() << "\n";
     return 2;
   }
-  grpc::Slice reply;
-  if (!response_buffer.DumpToSingleSlice(&reply).ok()) return 2;
-  const std::string bytes(reinterpret_cast<const char*>(reply.begin()),
-                          reply.size());
-  // Field 1, varint; absent means 0 (UNKNOWN).
-  const int code = bytes.size() >= 2 && bytes[0] == '\x08' ? bytes[1] : 0;
   static const char* kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING",
                                  "SERVICE_UNKNOWN"};
-  std::cout << (code >= 0 && code < 4 ? kNames[code] : "UNKNOWN") << "\n";
-  return code == 1 ? 0 : 1;
+  std::cout << (*code >= 0 && *code < 4 ? kNames[*code] : "UNKNOWN") << "\n";
+  return *code == 1 ? 0 : 1;
 }
 
 // --coordinator: registers this worker (serving on `port`) for --block.

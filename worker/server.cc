@@ -8,9 +8,8 @@
 namespace interlock {
 
 constexpr char kServiceName[] = "interlock.v1.Worker";
-// SERVING from start until shutdown, configured or not: what a liveness or
-// startup probe asks (the empty name and kServiceName mean "holds a block").
-constexpr char kLivenessName[] = "liveness";
+// kLivenessService (rpc/channel.h) is what a liveness or startup probe asks;
+// the empty name and kServiceName mean "holds a block".
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
     const WorkerServerOptions& options) {
@@ -64,7 +63,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   auto* health = s->server_->GetHealthCheckService();
   health->SetServingStatus("", false);
   health->SetServingStatus(kServiceName, false);
-  health->SetServingStatus(kLivenessName, true);
+  health->SetServingStatus(kLivenessService, true);
   s->core_->set_on_configured([health](bool serving) {
     health->SetServingStatus("", serving);
     health->SetServingStatus(kServiceName, serving);
@@ -89,7 +88,7 @@ void WorkerServer::Shutdown(absl::Duration grace) {
     auto* health = server_->GetHealthCheckService();
     health->SetServingStatus("", false);
     health->SetServingStatus(kServiceName, false);
-    health->SetServingStatus(kLivenessName, false);
+    health->SetServingStatus(kLivenessService, false);
     server_->Shutdown(std::chrono::system_clock::now() +
                       absl::ToChronoSeconds(grace));
   }
