@@ -32,15 +32,65 @@ PipelineSim::PipelineSim(PipelineShape shape, int64_t keep_span_steps)
   shape_.replicas.resize(shape_.blocks, 1);
   for (int& r : shape_.replicas) r = std::max(1, r);
   shape_.parameters.resize(shape_.blocks, 0);
-  replicated_ = Replicated(shape_.replicas);
+  index_.resize(shape_.blocks);
+  initial_.resize(shape_.blocks);
   for (int k = 0; k < shape_.blocks; ++k) {
     for (int r = 0; r < shape_.replicas[k]; ++r) {
+      index_[k].push_back(static_cast<int>(tracks_.size()));
+      initial_[k].push_back(r);
       Track& t = tracks_.emplace_back();
       t.block = k;
       t.replica = r;
     }
   }
   for (int k = 0; k < static_cast<int>(tracks_.size()); ++k) BeginStep(k, 0);
+}
+
+void PipelineSim::SetMembers(int64_t step,
+                             std::vector<std::vector<int>> members) {
+  members.resize(shape_.blocks);
+  for (int k = 0; k < shape_.blocks; ++k) {
+    if (members[k].empty()) members[k] = Members(step, k);
+    for (int r : members[k]) {
+      while (r >= shape_.replicas[k]) {
+        // A new replica: idle in every step until `step`, counted as done
+        // with each from the first step not yet finished on.
+        index_[k].push_back(static_cast<int>(tracks_.size()));
+        Track& t = tracks_.emplace_back();
+        t.block = k;
+        t.replica = shape_.replicas[k]++;
+        t.member = false;
+        t.step = steps_finished();
+      }
+    }
+  }
+  members_[step] = std::move(members);
+  // Nothing of `step` or later has been submitted (RunClock sees to it):
+  // routes and the tracks' shares of those steps are worked out afresh.
+  routes_.erase(routes_.lower_bound(step), routes_.end());
+  for (int k = 0; k < static_cast<int>(tracks_.size()); ++k) {
+    if (tracks_[k].step >= step) BeginStep(k, tracks_[k].step);
+  }
+  // The tracks just added may be behind steps already under way.
+  SkipIdle();
+}
+
+const std::vector<int>& PipelineSim::Members(int64_t step, int block) const {
+  auto it = members_.upper_bound(step);
+  return it == members_.begin() ? initial_[block]
+                                : std::prev(it)->second[block];
+}
+
+void PipelineSim::SkipIdle() {
+  const int m = shape_.microbatches;
+  const int64_t begun = (sent_ + m - 1) / m;  // steps with a micro-batch sent
+  for (int k = 0; k < static_cast<int>(tracks_.size()); ++k) {
+    Track& t = tracks_[k];
+    while (!t.member && t.step < begun) {
+      ++partial_end_[t.step].first;
+      BeginStep(k, t.step + 1);
+    }
+  }
 }
 
 double PipelineSim::Busy(int block) const {
@@ -55,7 +105,7 @@ double PipelineSim::BusyPhase(int block, SpanKind kind,
                               bool after_first) const {
   double busy = 0;
   for (int r = 0; r < shape_.Replicas(block); ++r) {
-    const Track& t = tracks_[shape_.Track(block, r)];
+    const Track& t = tracks_[Index(block, r)];
     busy += t.phase_busy[static_cast<int>(kind)];
     if (after_first) busy -= t.first_step_busy[static_cast<int>(kind)];
   }
@@ -63,7 +113,7 @@ double PipelineSim::BusyPhase(int block, SpanKind kind,
 }
 
 double PipelineSim::ReplicaMicrobatchSeconds(int block, int replica) const {
-  const Track& t = tracks_[shape_.Track(block, replica)];
+  const Track& t = tracks_[Index(block, replica)];
   double seconds = 0;
   for (SpanKind kind : {SpanKind::kForward, SpanKind::kHead,
                         SpanKind::kBackward, SpanKind::kInputGrad}) {
@@ -73,16 +123,22 @@ double PipelineSim::ReplicaMicrobatchSeconds(int block, int replica) const {
 }
 
 int PipelineSim::TrackOf(int block, int64_t step, int mb) {
-  const int first = shape_.Track(block, 0);
-  if (shape_.Replicas(block) == 1) return first;
+  const std::vector<int>& members = Members(step, block);
+  if (members.size() == 1) return Index(block, members[0]);
   auto it = routes_.find(step);
   if (it == routes_.end()) {
-    it = routes_
-             .emplace(step,
-                      RouteStep(step, shape_.microbatches, shape_.replicas))
+    std::vector<int> counts(shape_.blocks);
+    for (int k = 0; k < shape_.blocks; ++k) {
+      counts[k] = static_cast<int>(Members(step, k).size());
+    }
+    it = routes_.emplace(step, RouteStep(step, shape_.microbatches, counts))
              .first;
   }
-  return first + it->second[static_cast<size_t>(mb) * shape_.blocks + block];
+  // Routes index the step's members; one out of range (routes of another
+  // topology) wraps rather than reading past them.
+  const int r = it->second[static_cast<size_t>(mb) * shape_.blocks + block];
+  return Index(block,
+               members[static_cast<size_t>(std::max(0, r)) % members.size()]);
 }
 
 void PipelineSim::BeginStep(int k, int64_t step) {
@@ -91,6 +147,10 @@ void PipelineSim::BeginStep(int k, int64_t step) {
   t.forwarded = t.backwarded = 0;
   t.at_reduction = t.reduced = false;
   t.own.clear();
+  const auto& members = Members(step, t.block);
+  t.member =
+      std::find(members.begin(), members.end(), t.replica) != members.end();
+  if (!t.member) return;
   for (int mb = 0; mb < shape_.microbatches; ++mb) {
     if (TrackOf(t.block, step, mb) == k) t.own.push_back(mb);
   }
@@ -102,14 +162,16 @@ void PipelineSim::ArriveAtReduction(int k, double t) {
   Barrier& b = barriers_[{tr.step, tr.block}];
   ++b.arrived;
   b.last = std::max(b.last, t);
-  if (b.arrived < shape_.Replicas(tr.block)) return;
+  const std::vector<int>& members = Members(tr.step, tr.block);
+  const int n = static_cast<int>(members.size());
+  if (b.arrived < n) return;
   // Everyone is in: the reduction runs from the last arrival on every
   // replica at once, and ends together.
-  const double seconds = shape_.ReductionSeconds(tr.block);
-  const int first = shape_.Track(tr.block, 0);
-  for (int r = 0; r < shape_.Replicas(tr.block); ++r) {
-    AddSpan(first + r, SpanKind::kReduce, tr.step, -1, b.last, seconds);
-    Push(b.last + seconds, first + r, MsgKind::kReduced, tr.step, -1);
+  const double seconds = shape_.ReductionSeconds(tr.block, n);
+  for (int r : members) {
+    AddSpan(Index(tr.block, r), SpanKind::kReduce, tr.step, -1, b.last,
+            seconds);
+    Push(b.last + seconds, Index(tr.block, r), MsgKind::kReduced, tr.step, -1);
   }
   barriers_.erase({tr.step, tr.block});
 }
@@ -224,7 +286,7 @@ bool PipelineSim::Drain(int k, double& t) {
   const int block = b.block;
   const int down = shape_.Down(block);
   bool progress = true;
-  while (progress) {
+  while (progress && b.member) {
     progress = false;
     // This step's micro-batches here (BeginStep below changes them).
     const int mine = static_cast<int>(b.own.size());
@@ -261,7 +323,7 @@ bool PipelineSim::Drain(int k, double& t) {
       }
     }
     if (b.backwarded == mine) {
-      if (shape_.Replicas(block) > 1 && !b.reduced) {
+      if (Members(b.step, block).size() > 1 && !b.reduced) {
         // The optimizer step waits for the reduction (a kReduced event).
         if (!b.at_reduction) ArriveAtReduction(k, t);
         break;
@@ -313,6 +375,7 @@ bool PipelineSim::Deliver(const Event& e, double& t) {
 }
 
 void PipelineSim::RecordFinishedSteps() {
+  SkipIdle();
   for (auto it = partial_end_.find(steps_finished());
        it != partial_end_.end() && it->second.first == shape_.Tracks();
        it = partial_end_.find(steps_finished())) {

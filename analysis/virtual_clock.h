@@ -110,7 +110,10 @@ struct PipelineShape {
   // Seconds of block k's reduction per step: two ring all-reduces, the
   // small per-micro-batch metadata (latency only) and the gradients.
   double ReductionSeconds(int k) const {
-    const int r = Replicas(k);
+    return ReductionSeconds(k, Replicas(k));
+  }
+  // The same among r replicas.
+  double ReductionSeconds(int k, int r) const {
     return link.AllReduceSeconds(r, 0) +
            link.AllReduceSeconds(r, ReductionBytes(k));
   }
@@ -187,13 +190,13 @@ class PipelineSim {
   double BusyPhase(int block, SpanKind kind, bool after_first = false) const;
   // Busy seconds of one replica of a block.
   double ReplicaBusy(int block, int replica) const {
-    return tracks_[shape_.Track(block, replica)].busy;
+    return tracks_[Index(block, replica)].busy;
   }
   // Micro-batches one replica has forwarded, and its seconds of
   // per-micro-batch work (forward, head, backward, input gradients; not the
   // optimizer or reduction): its measured throughput.
   int64_t ReplicaMicrobatches(int block, int replica) const {
-    return tracks_[shape_.Track(block, replica)].microbatches;
+    return tracks_[Index(block, replica)].microbatches;
   }
   double ReplicaMicrobatchSeconds(int block, int replica) const;
   // The routes of `step` as the engine runs them (before the step is
@@ -201,7 +204,17 @@ class PipelineSim {
   void SetRoutes(int64_t step, std::vector<int32_t> routes) {
     routes_[step] = std::move(routes);
   }
+  // Membership changes (DESIGN §2.4): from `step` on, block k runs on the
+  // replicas members[k] (replica numbers, in the order routes index them).
+  // A number the shape does not have yet adds a replica (a track of its
+  // own; shape().replicas grows to it); a replica left out stays idle
+  // until a later change names it again; an empty list keeps the block's
+  // members. Without a change every replica of the shape runs every step.
+  void SetMembers(int64_t step, std::vector<std::vector<int>> members);
+  // The replicas block `block` runs `step` on.
+  const std::vector<int>& Members(int64_t step, int block) const;
   const std::vector<Span>& spans() const { return spans_; }
+  // shape().replicas counts every replica the run has had.
   const PipelineShape& shape() const { return shape_; }
 
  private:
@@ -219,6 +232,7 @@ class PipelineSim {
     int forwarded = 0;         // of `own`
     int64_t microbatches = 0;  // forwarded in all steps
     int backwarded = 0;
+    bool member = true;  // runs this step; else idle until a later change
     bool at_reduction = false;  // waiting for, or in, the step's reduction
     bool reduced = false;       // the optimizer step may run
     std::set<std::pair<int64_t, int>> forward_queue;
@@ -271,11 +285,20 @@ class PipelineSim {
   // Track k reached its step's reduction at t; the last replica to arrive
   // starts it, and every replica hears when it ends.
   void ArriveAtReduction(int k, double t);
+  // The track of replica r of block k.
+  int Index(int k, int r) const { return index_[k][r]; }
+  // Moves tracks that are not members of their step past every step the
+  // runner has begun to submit, counting them as done with it.
+  void SkipIdle();
 
   PipelineShape shape_;
   int64_t keep_span_steps_;
   std::vector<Track> tracks_;
-  bool replicated_ = false;
+  std::vector<std::vector<int>> index_;  // block, replica -> track
+  // Membership by first step; steps before the first change run on
+  // `initial_`.
+  std::map<int64_t, std::vector<std::vector<int>>> members_;
+  std::vector<std::vector<int>> initial_;
   std::map<int64_t, std::vector<int32_t>> routes_;       // by step
   std::map<std::pair<int64_t, int>, Barrier> barriers_;  // (step, block)
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;

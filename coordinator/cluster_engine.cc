@@ -289,11 +289,13 @@ class ClusterEngine : public Engine {
       from = std::min(
           accounted, *std::min_element(steps_done_.begin(), steps_done_.end()));
     }
-    // A worker that cannot be reached within a second is gone too.
+    // A worker that does not answer a health check within a second is gone
+    // too. A call, not the channel's state: a peer killed a moment ago (its
+    // replica's reduction broke first) can still look connected.
     for (const auto& block : peers_) {
       for (const auto& peer : block) {
         if (!dead.count(peer->address()) &&
-            !peer->WaitForConnected(absl::Now() + absl::Seconds(1))) {
+            !peer->Ping(absl::Now() + absl::Seconds(1)).ok()) {
           dead.insert(peer->address());
         }
       }
@@ -351,6 +353,8 @@ class ClusterEngine : public Engine {
         absl::StrCat(options_.collective_host, ":", store_->port());
     return absl::OkStatus();
   }
+
+  Topology Workers() const override { return workers_; }
 
   std::vector<TopologyEvent> TopologyHistory() const override {
     return history_;

@@ -92,6 +92,9 @@ class Engine {
   }
   // The topology changes so far (empty: it never changed).
   virtual std::vector<TopologyEvent> TopologyHistory() const { return {}; }
+  // The workers of every block now, replicas in routing order (empty: the
+  // engine has no workers).
+  virtual Topology Workers() const { return {}; }
   virtual void Shutdown() = 0;
 };
 

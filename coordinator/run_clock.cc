@@ -53,12 +53,38 @@ void RunClock::Submitted(int64_t step, int mb, int m) {
   }
 }
 
+int64_t RunClock::StepsBegun() const {
+  const int m = sim_->shape().microbatches;
+  return (submitted_ + m - 1) / m;
+}
+
 void RunClock::SetRoutes(int64_t step, std::vector<int32_t> routes) {
-  // A step the replay already placed (resubmitted after a recovery) keeps
-  // the routes it was replayed with.
-  if (sim_ && step - base_ >= sim_->steps_finished()) {
+  // A step submitted before (resubmitted after a recovery) keeps the routes
+  // it was first run with: they index its members.
+  if (sim_ && step - base_ >= StepsBegun()) {
     sim_->SetRoutes(step - base_, std::move(routes));
   }
+}
+
+void RunClock::SetTopology(int64_t step, const Topology& workers) {
+  if (!sim_ || static_cast<int>(workers.size()) != sim_->shape().blocks) {
+    return;
+  }
+  const int blocks = sim_->shape().blocks;
+  slots_.resize(blocks);
+  const int64_t from = std::max(step - base_, StepsBegun());
+  std::vector<std::vector<int>> members(blocks);
+  bool changed = false;
+  for (int k = 0; k < blocks; ++k) {
+    for (const auto& address : workers[k]) {
+      const int next = static_cast<int>(slots_[k].size());
+      members[k].push_back(slots_[k].emplace(address, next).first->second);
+    }
+    changed |= members[k] != sim_->Members(from, k);
+  }
+  // The first call names the replicas the clock was started with: no
+  // change unless it was started with other counts.
+  if (changed) sim_->SetMembers(from, std::move(members));
 }
 
 std::vector<std::vector<double>> RunClock::ReplicaRates(
@@ -67,9 +93,9 @@ std::vector<std::vector<double>> RunClock::ReplicaRates(
   const PipelineShape& shape = sim_->shape();
   std::vector<std::vector<double>> rates(shape.blocks);
   for (int k = 0; k < shape.blocks; ++k) {
-    const int replicas = shape.Replicas(k);
-    if (replicas < 2) continue;  // nothing to weigh
-    for (int r = 0; r < replicas; ++r) {
+    const std::vector<int>& members = sim_->Members(StepsBegun(), k);
+    if (members.size() < 2) continue;  // nothing to weigh
+    for (int r : members) {
       const int64_t n = sim_->ReplicaMicrobatches(k, r);
       const double seconds = sim_->ReplicaMicrobatchSeconds(k, r);
       if (n < min_microbatches || !(seconds > 0)) return {};

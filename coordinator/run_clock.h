@@ -11,13 +11,16 @@
 #define INTERLOCK_COORDINATOR_RUN_CLOCK_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "analysis/virtual_clock.h"
+#include "coordinator/topology.h"
 #include "proto/config.pb.h"
 #include "services/data.h"
 
@@ -30,8 +33,9 @@ class WireCodec;
 constexpr int64_t kTimelineSteps = 64;
 
 // The clock's figures for summary.json: end of the last step, mean step
-// time after the first step, busy / elapsed per block (the mean over its
-// replicas) and overall, and per replica of every block.
+// time after the first step, busy / elapsed per block (the mean over every
+// replica it had) and overall, and per replica of every block (in the order
+// they first joined).
 struct ClockSummary {
   double virtual_seconds = 0.0;
   double mean_step_virtual = 0.0;
@@ -69,9 +73,17 @@ class RunClock {
   void Submitted(int64_t step, int mb, int m);
   // The routes the engine runs `step` with (before it is submitted).
   void SetRoutes(int64_t step, std::vector<int32_t> routes);
+  // The engine's workers from `step` on (before it is submitted): the first
+  // call names the replicas the clock started with; a later one that
+  // differs is a membership change. A replica is known by its address, so
+  // one that left and comes back is the same track. Steps the clock was
+  // submitted already (a replay after a fail-over) keep the topology they
+  // were first run with, as they keep their durations.
+  void SetTopology(int64_t step, const Topology& workers);
   // Each replica's measured throughput, micro-batches per second of its
-  // per-micro-batch work, by block then replica; empty until every replica
-  // of every replicated block has run `min_microbatches`.
+  // per-micro-batch work, by block then replica in routing order (of the
+  // next step's members); empty until every one of them in a replicated
+  // block has run `min_microbatches`.
   std::vector<std::vector<double>> ReplicaRates(int64_t min_microbatches) const;
   // Measured durations; a replayed step's are on the clock already.
   void OnMicrobatch(int64_t step, int mb, const std::vector<OpTiming>& t);
@@ -113,6 +125,10 @@ class RunClock {
   int64_t base_ = 0;
   double offset_ = 0.0;
   int64_t submitted_ = 0;
+  // Steps with a micro-batch submitted, in the replay's numbering.
+  int64_t StepsBegun() const;
+  // Per block, the replica (track) number of every worker address seen.
+  std::vector<std::map<std::string, int>> slots_;
   // (step, micro-batch) and (step, -1 - block) whose durations the clock
   // has: a replay after a recovery does not give them twice.
   std::set<std::pair<int64_t, int>> fed_;

@@ -156,7 +156,11 @@ class Runner {
               static_cast<int64_t>(y.nbytes())));
         }
         if (mb == 0) {
-          routes = MeasuredRoutes(s);
+          // The clock follows joins, leaves and fail-overs from the step
+          // they take effect at (an unchanged topology changes nothing).
+          const Topology workers = engine_.Workers();
+          s_.clock.SetTopology(s, workers);
+          routes = MeasuredRoutes(s, workers);
           if (!routes.empty()) s_.clock.SetRoutes(s, routes);
         }
         ForwardMsg msg;
@@ -322,16 +326,17 @@ class Runner {
   // The routes of step s in proportion to each replica's measured
   // throughput (DESIGN §2.4), the same for the engine and the clock; empty
   // (the engine splits equally) in process, where replicas are only
-  // modelled, with RING, whose sums depend on which replica ran what, once
-  // the topology has changed (the clock replays the starting one), and
-  // until every replica has run a few micro-batches.
-  std::vector<int32_t> MeasuredRoutes(int64_t s) {
+  // modelled, with RING, whose sums depend on which replica ran what, and
+  // until every replica of the step's topology (a joiner too) has run a few
+  // micro-batches. The clock was told `workers` for this step, so its rates
+  // come in their order.
+  std::vector<int32_t> MeasuredRoutes(int64_t s, const Topology& workers) {
     if (o_.engine.kind != EngineKind::kCluster ||
-        c_.training().reduction() == interlock::v1::TrainingSpec::RING ||
-        !engine_.TopologyHistory().empty()) {
+        c_.training().reduction() == interlock::v1::TrainingSpec::RING) {
       return {};
     }
-    const std::vector<int> replicas = Replicas();
+    const std::vector<int> replicas =
+        workers.empty() ? Replicas() : ReplicaCounts(workers);
     if (!Replicated(replicas)) return {};
     constexpr int64_t kMinMicrobatches = 4;
     const auto rates = s_.clock.ReplicaRates(kMinMicrobatches);

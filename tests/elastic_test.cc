@@ -11,6 +11,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <map>
 
 #include "coordinator/train.h"
 #include "proto/report.pb.h"
@@ -197,6 +198,17 @@ TEST(Elastic, JoinFailureAndLeaveMidRunEndBitwiseOnTheSingleChain) {
   EXPECT_EQ(summary.topology(0).changes(0).block(), 1);
   EXPECT_EQ(summary.topology(1).changes(0).address(), w[1].address());
   EXPECT_EQ(summary.topology(2).changes(0).block(), 1);
+  // The virtual clock followed the topology: the joined replica of block 1
+  // has a track with work on it, beside the two of block 0.
+  std::map<std::pair<int, int>, double> busy;
+  for (const auto& b : summary.replica_busy_ratio()) {
+    busy[{b.block(), b.replica()}] = b.ratio();
+  }
+  EXPECT_EQ(busy.size(), 4u) << summary.DebugString();
+  for (auto [k, r] : {std::pair{0, 0}, {0, 1}, {1, 0}, {1, 1}}) {
+    const double ratio = busy[{k, r}];
+    EXPECT_GT(ratio, 0.0) << "block " << k << " replica " << r;
+  }
 
   // The single chain in process.
   auto config = ParseRunConfig(kConfig, "elastic");

@@ -346,6 +346,68 @@ TEST(VirtualClockTest, ReplicasRunTheirRoutesAndReduceTogether) {
               1e-12);
 }
 
+TEST(VirtualClockTest, MembershipChangesTakeEffectAtTheirStep) {
+  // Block 0 (3 per micro-batch, 12 per step alone) gains replica 1 before
+  // step 3 and loses replica 0 before step 6: steps 0-2 take 12, steps 3-5
+  // 6 + the 0.16 reduction (each replica runs 2 of the 4), steps 6-8 12
+  // again on replica 1 alone, without a reduction. The same whether the
+  // changes come as the run reaches them or all before the replay starts.
+  auto feed = [](PipelineSim& sim, int64_t from, int64_t to) {
+    for (int64_t s = from; s < to; ++s) {
+      for (int mb = 0; mb < 4; ++mb) {
+        sim.SetMicrobatch(s, mb, {{1.0, 0.0, 2.0, 0.0}, {0.5, 0.0, 0.5, 0.0}});
+      }
+      sim.SetOptimizer(s, 0, 0.0);
+      sim.SetOptimizer(s, 1, 0.0);
+    }
+    sim.SetSubmitted(to * 4);
+    sim.Advance();
+  };
+  PipelineSim live(SlowFirstBlock({}), 20), ahead(SlowFirstBlock({}), 20);
+  feed(live, 0, 3);
+  // The replay runs behind the submissions: step 2 waits for more.
+  ASSERT_EQ(live.steps_finished(), 2);
+  live.SetMembers(3, {{0, 1}, {0}});
+  feed(live, 3, 6);
+  live.SetMembers(6, {{1}, {0}});
+  feed(live, 6, 9);
+  live.Finish();
+  live.Advance();
+  ahead.SetMembers(3, {{0, 1}, {0}});
+  ahead.SetMembers(6, {{1}, {0}});
+  feed(ahead, 0, 9);
+  ahead.Finish();
+  ahead.Advance();
+  for (const PipelineSim* sim : {&live, &ahead}) {
+    ASSERT_EQ(sim->steps_finished(), 9);
+    const std::vector<double> step = {12, 12, 12, 6.16, 6.16, 6.16, 12, 12, 12};
+    double end = 0;
+    for (int s = 0; s < 9; ++s) {
+      end += step[s];
+      EXPECT_NEAR(sim->StepEnd(s), end, 1e-9) << "step " << s;
+    }
+    EXPECT_EQ(sim->shape().replicas, (std::vector<int>{2, 1}));
+    EXPECT_EQ(sim->shape().Tracks(), 3);
+    EXPECT_EQ(sim->Members(2, 0), (std::vector<int>{0}));
+    EXPECT_EQ(sim->Members(4, 0), (std::vector<int>{0, 1}));
+    EXPECT_EQ(sim->Members(8, 0), (std::vector<int>{1}));
+    // 12 + 6 micro-batches each: alone, shared, alone.
+    EXPECT_EQ(sim->ReplicaMicrobatches(0, 0), 18);
+    EXPECT_EQ(sim->ReplicaMicrobatches(0, 1), 18);
+    for (const Span& sp : sim->spans()) {
+      if (sp.block != 0) continue;
+      if (sp.kind == SpanKind::kReduce) {
+        EXPECT_TRUE(sp.step >= 3 && sp.step < 6) << sp.step;
+      }
+      if (sp.replica == 0) {
+        EXPECT_LT(sp.step, 6);
+      } else {
+        EXPECT_GE(sp.step, 3);
+      }
+    }
+  }
+}
+
 TEST(VirtualClockTest, ReductionCostFollowsBytesAndBandwidth) {
   PipelineShape sh = SlowFirstBlock({2, 1});
   sh.link.latency_seconds = 0.001;
