@@ -58,6 +58,15 @@ INTERLOCK_VECTOR_CLONES int8_t Values(const int8_t* q, int64_t n, float scale,
   return lowest;
 }
 
+INTERLOCK_VECTOR_CLONES uint16_t AbsMaxHalfBits(const uint16_t* x, int64_t n) {
+  uint16_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t u = x[i] & 0x7fffu;
+    m = u > m ? u : m;
+  }
+  return m;
+}
+
 }  // namespace
 
 float QuantizeInt8Block(const float* x, int64_t n, int8_t* q) {
@@ -84,6 +93,14 @@ float QuantizeInt8Block(const float* x, int64_t n, int8_t* q) {
 
 bool DequantizeInt8Block(const int8_t* q, int64_t n, float scale, float* out) {
   return Values(q, n, scale, out) > -128;
+}
+
+bool AllFiniteFloats(const float* x, int64_t n) {
+  return AbsMaxBits(x, n) < kInfBits;
+}
+
+bool AllFiniteHalves(const uint16_t* x, int64_t n, uint16_t inf_bits) {
+  return AbsMaxHalfBits(x, n) < inf_bits;
 }
 
 }  // namespace interlock

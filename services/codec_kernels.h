@@ -19,6 +19,13 @@ float QuantizeInt8Block(const float* x, int64_t n, int8_t* q);
 // partly written) when a code is -128, which no sender produces.
 bool DequantizeInt8Block(const int8_t* q, int64_t n, float scale, float* out);
 
+// Whether all `n` values are finite (none NaN or infinite): the receiver's
+// check, run on each stretch of a message just copied (services/wire.cc).
+bool AllFiniteFloats(const float* x, int64_t n);
+// The same for 16-bit floats given as bits, whose exponent is all ones from
+// `inf_bits` up (sign apart): 0x7c00 for IEEE half, 0x7f80 for bfloat16.
+bool AllFiniteHalves(const uint16_t* x, int64_t n, uint16_t inf_bits);
+
 }  // namespace interlock
 
 #endif  // INTERLOCK_SERVICES_CODEC_KERNELS_H_

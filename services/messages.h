@@ -23,6 +23,9 @@ struct ForwardMsg {
   torch::Tensor target;
   // The input is zeros standing for non-finite values (SKIP_STEP).
   bool nonfinite = false;
+  // Decoding found every input value finite in the pass that copied them;
+  // false: the receiver checks (services/wire_codec.h).
+  bool input_finite = false;
   // The step's routing when blocks have replicas (DESIGN §2.4):
   // routes[m * K + k] is the replica of block k that runs micro-batch m.
   // Empty: every block has one replica.
@@ -43,6 +46,8 @@ struct UpwardMsg {
   // Parallel to grads (or empty): entries sent as zeros because they were
   // derived from non-finite values (training.nonfinite_policy SKIP_STEP).
   std::vector<bool> nonfinite;
+  // Decoding found every value of every entry finite (as input_finite).
+  bool grads_finite = false;
   std::vector<LossReport> reports;
   std::vector<OpTiming> timings;
 };
@@ -62,6 +67,7 @@ struct EvalMsg {
   torch::Tensor input;
   torch::Tensor target;
   bool nonfinite = false;  // the input is zeros standing for non-finite values
+  bool input_finite = false;  // as ForwardMsg::input_finite
 };
 
 // One block's evaluation of a batch, for the coordinator.

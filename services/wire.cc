@@ -1,12 +1,15 @@
 #include "services/wire.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/codec_kernels.h"
 #include "services/status_macros.h"
 
 namespace interlock {
@@ -55,6 +58,51 @@ WireTensor::DType ToWire(torch::ScalarType t) {
 
 std::string ShapeString(c10::IntArrayRef s) {
   return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+}
+
+// Whether the `n` values of `type` at `p` are all finite; nullopt for a
+// type this pass does not check (the caller does).
+std::optional<bool> AllFinite(const void* p, int64_t n,
+                              torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat32:
+      return AllFiniteFloats(static_cast<const float*>(p), n);
+    case torch::kHalf:
+      return AllFiniteHalves(static_cast<const uint16_t*>(p), n, 0x7c00);
+    case torch::kBFloat16:
+      return AllFiniteHalves(static_cast<const uint16_t*>(p), n, 0x7f80);
+    default:
+      return std::nullopt;
+  }
+}
+
+// Copies `bytes` to `out` (values of `type`, one AllFinite knows) and says
+// whether every value is finite. Each stretch is checked right after its
+// copy, while it is still in cache, so the check costs no second pass over
+// memory; gRPC's slices may split a value, so the check trails the copy to
+// whole values.
+bool CopyCheckingFinite(const Payload& bytes, torch::ScalarType type,
+                        char* out) {
+  constexpr size_t kStretch = size_t{64} << 10;
+  const size_t item = c10::elementSize(type);
+  size_t copied = 0;   // bytes
+  size_t checked = 0;  // values
+  bool finite = true;
+  for (absl::string_view piece : bytes.pieces()) {
+    for (size_t at = 0; at < piece.size();) {
+      const size_t n = std::min(kStretch, piece.size() - at);
+      std::memcpy(out + copied, piece.data() + at, n);
+      copied += n;
+      at += n;
+      const size_t whole = copied / item;
+      if (finite && whole > checked) {
+        finite = *AllFinite(out + checked * item,
+                            static_cast<int64_t>(whole - checked), type);
+        checked = whole;
+      }
+    }
+  }
+  return finite;
 }
 
 }  // namespace
@@ -106,19 +154,29 @@ absl::string_view Payload::Flat(std::string* storage) const {
 
 torch::Tensor TensorFromPayload(const Payload& bytes,
                                 const std::vector<int64_t>& shape,
-                                torch::ScalarType type) {
+                                torch::ScalarType type, bool* finite) {
+  // Whether this pass checks the values (a float type AllFinite knows).
+  const bool check =
+      finite != nullptr && AllFinite(nullptr, 0, type).has_value();
+  if (finite != nullptr) *finite = false;
   if (bytes.pieces().size() == 1 && bytes.owner() != nullptr &&
       reinterpret_cast<uintptr_t>(bytes.pieces()[0].data()) %
               c10::elementSize(type) ==
           0) {
     // The tensor only reads the bytes; const_cast because from_blob takes
     // writable memory. The deleter holds the owner as long as the storage.
-    return torch::from_blob(
+    torch::Tensor t = torch::from_blob(
         const_cast<char*>(bytes.pieces()[0].data()), shape,
         [owner = bytes.owner()](void*) {}, torch::dtype(type));
+    if (check) *finite = *AllFinite(t.data_ptr(), t.numel(), type);
+    return t;
   }
   torch::Tensor t = torch::empty(shape, torch::dtype(type));
-  bytes.CopyTo(static_cast<char*>(t.data_ptr()));
+  if (check) {
+    *finite = CopyCheckingFinite(bytes, type, static_cast<char*>(t.data_ptr()));
+  } else {
+    bytes.CopyTo(static_cast<char*>(t.data_ptr()));
+  }
   return t;
 }
 
@@ -197,7 +255,9 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
 absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
                                            const TensorBytes& values,
                                            const std::string& what,
-                                           const TensorLimits& limits) {
+                                           const TensorLimits& limits,
+                                           bool* finite) {
+  if (finite != nullptr) *finite = false;
   torch::ScalarType type;
   if (!ToScalarType(w.dtype(), &type)) {
     return absl::InvalidArgumentError(
@@ -221,7 +281,7 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const WireTensor& w,
         absl::StrCat(what, ": ", values.data.size(), " data bytes, expected ",
                      bytes, " (", elements, " elements of ", item, " bytes)"));
   }
-  return TensorFromPayload(values.data, shape, type);
+  return TensorFromPayload(values.data, shape, type, finite);
 }
 
 absl::Status ExpectTensor(const torch::Tensor& t, torch::ScalarType dtype,

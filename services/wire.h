@@ -61,10 +61,14 @@ struct TensorBytes {
 
 // A tensor of `shape` and `type` holding `bytes` (elements x item size of
 // them): the payload's own memory when it is one owned piece aligned for
-// `type` (no copy; the tensor keeps the owner), else one copy.
+// `type` (no copy; the tensor keeps the owner), else one copy. With
+// `finite`, float32, float16 and bfloat16 values are also checked in that
+// same pass (each stretch right after it is copied): *finite is true when
+// every value is finite, false when one is not or the type is another (the
+// caller checks).
 torch::Tensor TensorFromPayload(const Payload& bytes,
                                 const std::vector<int64_t>& shape,
-                                torch::ScalarType type);
+                                torch::ScalarType type, bool* finite = nullptr);
 
 // A tensor (on any device) as a RAW wire tensor: its description in `meta`,
 // its values (contiguous, little-endian, from a CPU copy when it is not on
@@ -78,11 +82,12 @@ void EncodeTensor(const torch::Tensor& t, interlock::v1::Tensor* out);
 // codec fields, rank and element caps, non-negative dimensions,
 // element-count overflow, byte length = elements x item size. The values
 // come from `bytes` (meta's data and scales are not read). Errors are
-// INVALID_ARGUMENT naming `what`.
+// INVALID_ARGUMENT naming `what`. `finite` as for TensorFromPayload.
 absl::StatusOr<torch::Tensor> DecodeTensor(const interlock::v1::Tensor& meta,
                                            const TensorBytes& bytes,
                                            const std::string& what,
-                                           const TensorLimits& limits = {});
+                                           const TensorLimits& limits = {},
+                                           bool* finite = nullptr);
 // The same from a plain protobuf Tensor.
 absl::StatusOr<torch::Tensor> DecodeTensor(const interlock::v1::Tensor& t,
                                            const std::string& what,

@@ -54,10 +54,12 @@ class Fp32TensorCodec final : public TensorCodec {
                     TensorBytes* bytes) const override {
     EncodeTensor(t, meta, bytes);
   }
-  absl::StatusOr<torch::Tensor> DecodeFramed(
-      const v1::Tensor& meta, const TensorBytes& bytes, const std::string& what,
-      const TensorLimits& limits) const override {
-    return DecodeTensor(meta, bytes, what, limits);
+  absl::StatusOr<torch::Tensor> DecodeFramed(const v1::Tensor& meta,
+                                             const TensorBytes& bytes,
+                                             const std::string& what,
+                                             const TensorLimits& limits,
+                                             bool* finite) const override {
+    return DecodeTensor(meta, bytes, what, limits, finite);
   }
   // Lossless: the receiver gets the same values.
   torch::Tensor Transfer(torch::Tensor t) const override { return t; }
@@ -87,12 +89,15 @@ class HalfTensorCodec final : public TensorCodec {
     bytes->data = Payload::OfTensor(h);
     bytes->scales = Payload();
   }
-  absl::StatusOr<torch::Tensor> DecodeFramed(
-      const v1::Tensor& w, const TensorBytes& values, const std::string& what,
-      const TensorLimits& limits) const override {
+  absl::StatusOr<torch::Tensor> DecodeFramed(const v1::Tensor& w,
+                                             const TensorBytes& values,
+                                             const std::string& what,
+                                             const TensorLimits& limits,
+                                             bool* finite) const override {
     if (w.dtype() != v1::Tensor::FLOAT32) {
-      return DecodeTensor(w, values, what, limits);
+      return DecodeTensor(w, values, what, limits, finite);
     }
+    if (finite != nullptr) *finite = false;
     std::vector<int64_t> shape;
     int64_t elements = 0;
     RETURN_IF_ERROR(
@@ -108,8 +113,10 @@ class HalfTensorCodec final : public TensorCodec {
           elements, " ", name_, " values of 2 bytes)"));
     }
     // Widening is the one pass over the values (none to gather when the
-    // payload can back the half tensor).
-    return TensorFromPayload(values.data, shape, half_).to(torch::kFloat32);
+    // payload can back the half tensor); a finite 16-bit value widens to a
+    // finite one, so the gather's check is the fp32 tensor's.
+    return TensorFromPayload(values.data, shape, half_, finite)
+        .to(torch::kFloat32);
   }
   torch::Tensor Transfer(torch::Tensor t) const override {
     if (t.scalar_type() != torch::kFloat32) return t;
@@ -161,12 +168,15 @@ class Int8BlockwiseCodec final : public TensorCodec {
     bytes->data = Payload::OfString(std::move(data));
     bytes->scales = Payload::OfString(std::move(scales));
   }
-  absl::StatusOr<torch::Tensor> DecodeFramed(
-      const v1::Tensor& w, const TensorBytes& values, const std::string& what,
-      const TensorLimits& limits) const override {
+  absl::StatusOr<torch::Tensor> DecodeFramed(const v1::Tensor& w,
+                                             const TensorBytes& values,
+                                             const std::string& what,
+                                             const TensorLimits& limits,
+                                             bool* finite) const override {
     if (w.dtype() != v1::Tensor::FLOAT32) {
-      return DecodeTensor(w, values, what, limits);
+      return DecodeTensor(w, values, what, limits, finite);
     }
+    if (finite != nullptr) *finite = false;
     std::vector<int64_t> shape;
     int64_t n = 0;
     RETURN_IF_ERROR(
@@ -214,6 +224,8 @@ class Int8BlockwiseCodec final : public TensorCodec {
                          ", outside [-127, 127]"));
       }
     }
+    // Valid codes times scales up to kMaxScale: every value is finite.
+    if (finite != nullptr) *finite = true;
     return t;
   }
   torch::Tensor Transfer(torch::Tensor t) const override {
@@ -278,7 +290,7 @@ void TensorCodec::Encode(const torch::Tensor& t, v1::Tensor* out) const {
 absl::StatusOr<torch::Tensor> TensorCodec::Decode(
     const v1::Tensor& t, const std::string& what,
     const TensorLimits& limits) const {
-  return DecodeFramed(t, BorrowBytes(t), what, limits);
+  return DecodeFramed(t, BorrowBytes(t), what, limits, nullptr);
 }
 
 std::shared_ptr<const TensorCodec> Fp32Codec() {
@@ -415,7 +427,7 @@ absl::StatusOr<ForwardMsg> WireCodec::DecodeForward(
   m.nonfinite = d.nonfinite();
   m.routes.assign(d.routes().begin(), d.routes().end());
   RETURN_IF_ERROR(DecodeBatch(d.input(), d.target(), frame, where, limits,
-                              &m.input, &m.target));
+                              &m.input, &m.target, &m.input_finite));
   return m;
 }
 
@@ -434,7 +446,7 @@ absl::StatusOr<EvalMsg> WireCodec::DecodeEval(
   m.batch = d.batch();
   m.nonfinite = d.nonfinite();
   RETURN_IF_ERROR(DecodeBatch(d.input(), d.target(), frame, where, limits,
-                              &m.input, &m.target));
+                              &m.input, &m.target, &m.input_finite));
   return m;
 }
 
@@ -449,13 +461,14 @@ void WireCodec::EncodeBatch(const torch::Tensor& input,
 absl::Status WireCodec::DecodeBatch(
     const v1::Tensor& input, const v1::Tensor& target, const DownFrame& frame,
     const std::string& where, const TensorLimits& limits,
-    torch::Tensor* input_out, torch::Tensor* target_out) const {
-  ASSIGN_OR_RETURN(
-      *input_out, activations_->DecodeFramed(input, SlotBytes(frame.tensors, 0),
-                                             where + " input", limits));
+    torch::Tensor* input_out, torch::Tensor* target_out,
+    bool* input_finite) const {
+  ASSIGN_OR_RETURN(*input_out, activations_->DecodeFramed(
+                                   input, SlotBytes(frame.tensors, 0),
+                                   where + " input", limits, input_finite));
   ASSIGN_OR_RETURN(*target_out,
                    targets_->DecodeFramed(target, SlotBytes(frame.tensors, 1),
-                                          where + " target", limits));
+                                          where + " target", limits, nullptr));
   return absl::OkStatus();
 }
 
@@ -493,11 +506,14 @@ absl::StatusOr<UpwardMsg> WireCodec::DecodeUpward(
   m.mb = d.microbatch();
   m.first_entry = d.first_entry();
   m.final = !d.partial();
+  m.grads_finite = true;
   for (int i = 0; i < d.gradients_size(); ++i) {
-    ASSIGN_OR_RETURN(
-        torch::Tensor g,
-        gradients_->DecodeFramed(d.gradients(i), SlotBytes(frame.tensors, i),
-                                 absl::StrCat("gradients[", i, "]"), limits));
+    bool finite = false;
+    ASSIGN_OR_RETURN(torch::Tensor g,
+                     gradients_->DecodeFramed(
+                         d.gradients(i), SlotBytes(frame.tensors, i),
+                         absl::StrCat("gradients[", i, "]"), limits, &finite));
+    m.grads_finite = m.grads_finite && finite;
     m.grads.push_back(std::move(g));
   }
   if (d.nonfinite_size() != 0 && d.nonfinite_size() != d.gradients_size()) {

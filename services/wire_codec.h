@@ -49,9 +49,12 @@ class TensorCodec {
   // Decodes `meta` with its values in `bytes` (meta's own data and scales
   // are not read), with at least DecodeTensor's checks (dtype, rank and
   // element caps, byte length); errors are INVALID_ARGUMENT naming `what`.
+  // `finite` (may be null): true when decoding found every value finite in
+  // its own pass over them, false when the caller still has to check.
   virtual absl::StatusOr<torch::Tensor> DecodeFramed(
       const interlock::v1::Tensor& meta, const TensorBytes& bytes,
-      const std::string& what, const TensorLimits& limits) const = 0;
+      const std::string& what, const TensorLimits& limits,
+      bool* finite) const = 0;
   // The same through a plain protobuf Tensor (values in data and scales).
   void Encode(const torch::Tensor& t, interlock::v1::Tensor* out) const;
   absl::StatusOr<torch::Tensor> Decode(const interlock::v1::Tensor& t,
@@ -151,7 +154,7 @@ class WireCodec {
                            const interlock::v1::Tensor& target,
                            const DownFrame& d, const std::string& where,
                            const TensorLimits& limits, torch::Tensor* input_out,
-                           torch::Tensor* target_out) const;
+                           torch::Tensor* target_out, bool* input_finite) const;
 
   std::shared_ptr<const TensorCodec> activations_;
   std::shared_ptr<const TensorCodec> gradients_;

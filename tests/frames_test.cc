@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -166,34 +167,51 @@ TEST(Frames, OnTheWireTheyAreTheProtobufMessages) {
   }
 }
 
-TEST(Frames, AnAlignedSliceBacksTheDecodedTensor) {
-  const torch::Tensor x = torch::randn({16, 64});
-  DownFrame f;
-  Codec(v1::WireSpec::FP32).EncodeForward(Forward(x), 2, &f);
-  const std::string wire = Flat(ToByteBuffer(f));
-  const size_t at = wire.find(
-      std::string(static_cast<const char*>(x.data_ptr()), x.nbytes()));
-  ASSERT_NE(at, std::string::npos);
-  // Place the message so that the values start 4-byte aligned.
-  std::vector<char> memory(wire.size() + 8);
-  char* start = memory.data();
-  while (reinterpret_cast<uintptr_t>(start + at) % 4 != 0) ++start;
-  std::memcpy(start, wire.data(), wire.size());
-  int released = 0;
-  torch::Tensor input;
-  {
-    grpc::Slice slice = Borrowed(start, wire.size(), &released);
-    auto frame = DownFrameOf(grpc::ByteBuffer(&slice, 1));
-    ASSERT_TRUE(frame.ok()) << frame.status();
-    auto m = Codec(v1::WireSpec::FP32).DecodeForward(*frame, "fwd", {});
-    ASSERT_TRUE(m.ok()) << m.status();
-    input = m->input;
+// `wire` in borrowed slices of 97 bytes, so that values split across them
+// at every offset.
+grpc::ByteBuffer InOddSlices(const std::string& wire, int* released) {
+  std::vector<grpc::Slice> slices;
+  for (size_t i = 0; i < wire.size(); i += 97) {
+    slices.push_back(Borrowed(wire.data() + i,
+                              std::min<size_t>(97, wire.size() - i), released));
   }
-  EXPECT_EQ(input.data_ptr(), static_cast<void*>(start + at));
-  EXPECT_TRUE(Bitwise(input, x));
-  EXPECT_EQ(released, 0) << "the tensor holds the slice";
-  input = torch::Tensor();
-  EXPECT_EQ(released, 1);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+TEST(Frames, AnAlignedSliceBacksTheDecodedTensor) {
+  // Checked for finiteness in place, the one pass over the values.
+  for (bool poisoned : {false, true}) {
+    SCOPED_TRACE(poisoned ? "with a NaN" : "finite");
+    torch::Tensor x = torch::randn({16, 64});
+    if (poisoned) x[7][3] = std::numeric_limits<float>::quiet_NaN();
+    DownFrame f;
+    Codec(v1::WireSpec::FP32).EncodeForward(Forward(x), 2, &f);
+    const std::string wire = Flat(ToByteBuffer(f));
+    const size_t at = wire.find(
+        std::string(static_cast<const char*>(x.data_ptr()), x.nbytes()));
+    ASSERT_NE(at, std::string::npos);
+    // Place the message so that the values start 4-byte aligned.
+    std::vector<char> memory(wire.size() + 8);
+    char* start = memory.data();
+    while (reinterpret_cast<uintptr_t>(start + at) % 4 != 0) ++start;
+    std::memcpy(start, wire.data(), wire.size());
+    int released = 0;
+    torch::Tensor input;
+    {
+      grpc::Slice slice = Borrowed(start, wire.size(), &released);
+      auto frame = DownFrameOf(grpc::ByteBuffer(&slice, 1));
+      ASSERT_TRUE(frame.ok()) << frame.status();
+      auto m = Codec(v1::WireSpec::FP32).DecodeForward(*frame, "fwd", {});
+      ASSERT_TRUE(m.ok()) << m.status();
+      input = m->input;
+      EXPECT_EQ(m->input_finite, !poisoned);
+    }
+    EXPECT_EQ(input.data_ptr(), static_cast<void*>(start + at));
+    EXPECT_TRUE(Bitwise(input, x));
+    EXPECT_EQ(released, 0) << "the tensor holds the slice";
+    input = torch::Tensor();
+    EXPECT_EQ(released, 1);
+  }
 }
 
 TEST(Frames, SplitSlicesDecodeWithOneCopy) {
@@ -206,15 +224,8 @@ TEST(Frames, SplitSlicesDecodeWithOneCopy) {
     UpFrame uf;
     Codec(c).EncodeUpward(u, &uf);
     const std::string wire = Flat(ToByteBuffer(uf));
-    // Odd-sized slices: values split across them at every offset.
     int released = 0;
-    std::vector<grpc::Slice> slices;
-    for (size_t i = 0; i < wire.size(); i += 97) {
-      slices.push_back(Borrowed(
-          wire.data() + i, std::min<size_t>(97, wire.size() - i), &released));
-    }
-    auto frame = UpFrameOf(grpc::ByteBuffer(slices.data(), slices.size()));
-    slices.clear();
+    auto frame = UpFrameOf(InOddSlices(wire, &released));
     ASSERT_TRUE(frame.ok()) << frame.status();
     auto m = Codec(c).DecodeUpward(*frame);
     ASSERT_TRUE(m.ok()) << m.status();
@@ -226,6 +237,40 @@ TEST(Frames, SplitSlicesDecodeWithOneCopy) {
     EXPECT_FALSE(p >= wire.data() && p < wire.data() + wire.size());
     *frame = UpFrame();
     EXPECT_GT(released, 0) << "a copied tensor does not hold the slices";
+  }
+}
+
+TEST(Frames, DecodingChecksFinitenessInTheCopyingPass) {
+  // A NaN whose bytes straddle two slices, an Inf as the very last value,
+  // and all values finite: the decoder vouches for the last only.
+  const torch::Tensor g = torch::randn({3, 333});
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (auto c :
+       {v1::WireSpec::FP32, v1::WireSpec::BF16, v1::WireSpec::INT8_BLOCKWISE}) {
+    for (int bad : {-1, 24, 998}) {  // value 24 spans bytes 96..99
+      SCOPED_TRACE(CodecName(c) + " bad value " + std::to_string(bad));
+      torch::Tensor x = g.clone();
+      if (bad >= 0) x.view({-1})[bad] = bad == 24 ? nan : inf;
+      UpwardMsg u;
+      u.grads = {g, x};
+      UpFrame uf;
+      Codec(c).EncodeUpward(u, &uf);
+      const std::string wire = Flat(ToByteBuffer(uf));
+      int released = 0;
+      auto frame = UpFrameOf(InOddSlices(wire, &released));
+      ASSERT_TRUE(frame.ok()) << frame.status();
+      auto m = Codec(c).DecodeUpward(*frame);
+      if (c == v1::WireSpec::INT8_BLOCKWISE && bad >= 0) {
+        // A non-finite value gives its block a NaN scale, which no
+        // decoder takes.
+        EXPECT_FALSE(m.ok());
+        continue;
+      }
+      ASSERT_TRUE(m.ok()) << m.status();
+      EXPECT_TRUE(Bitwise(m->grads[1], Codec(c).gradients().Transfer(x)));
+      EXPECT_EQ(m->grads_finite, bad < 0);
+    }
   }
 }
 

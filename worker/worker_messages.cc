@@ -221,7 +221,9 @@ absl::Status WorkerCore::HandleForward(const DownFrame& msg, int from) {
   RETURN_IF_ERROR(ExpectTensor(m.input, r.input_dtype,
                                WithBatch(r.mb_size, r.sample_shape),
                                where + " input"));
-  RETURN_IF_ERROR(r.CheckFinite(m.input, where + " input"));
+  if (!m.input_finite) {
+    RETURN_IF_ERROR(r.CheckFinite(m.input, where + " input"));
+  }
   RETURN_IF_ERROR(ExpectTensor(m.target, torch::kInt64,
                                WithBatch(r.mb_size, r.target_shape),
                                where + " target"));
@@ -250,7 +252,9 @@ absl::Status WorkerCore::HandleEval(const DownFrame& msg) {
   }
   RETURN_IF_ERROR(ExpectTensor(m.input, r.input_dtype,
                                WithBatch(b, r.sample_shape), where + " input"));
-  RETURN_IF_ERROR(r.CheckFinite(m.input, where + " input"));
+  if (!m.input_finite) {
+    RETURN_IF_ERROR(r.CheckFinite(m.input, where + " input"));
+  }
   RETURN_IF_ERROR(ExpectTensor(m.target, torch::kInt64,
                                WithBatch(b, r.target_shape),
                                where + " target"));
@@ -297,7 +301,7 @@ void WorkerCore::HandleUp(uint64_t link_id, UpFrame msg) {
                        up.mb, " gradient ", i, " from block ", r.block + 1);
       RETURN_IF_ERROR(ExpectTensor(up.grads[i], torch::kFloat32,
                                    WithBatch(r.mb_size, r.output_shape), what));
-      RETURN_IF_ERROR(r.CheckFinite(up.grads[i], what));
+      if (!up.grads_finite) RETURN_IF_ERROR(r.CheckFinite(up.grads[i], what));
     }
     const int64_t before = r.driver->trainer().nonfinite_count();
     absl::Status st = r.driver->OnUpward(std::move(up));

@@ -116,8 +116,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         piece));
     if (frame.ok()) {
       const v1::Tensor& meta = frame->proto.forward().input();
-      auto t = codec.DecodeFramed(meta, frame->tensors[0], "fuzz", limits);
+      bool finite = false;
+      auto t =
+          codec.DecodeFramed(meta, frame->tensors[0], "fuzz", limits, &finite);
       if (t.ok()) Check(codec, kind, meta, *t);
+      // The decoder's own finiteness pass never vouches for a NaN or Inf.
+      if (t.ok() && finite && !torch::isfinite(*t).all().item<bool>()) {
+        __builtin_trap();
+      }
     }
   }
   {
@@ -133,6 +139,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         for (size_t i = 0; i < m->grads.size(); ++i) {
           Check(codec, kind, up.gradients(static_cast<int>(i)), m->grads[i]);
+          if (m->grads_finite &&
+              !torch::isfinite(m->grads[i]).all().item<bool>()) {
+            __builtin_trap();
+          }
         }
         interlock::UpFrame again;
         wire.EncodeUpward(*m, &again);
