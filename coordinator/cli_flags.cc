@@ -119,8 +119,9 @@ ABSL_FLAG(std::string, partition, "",
 ABSL_FLAG(int, microbatches, 0,
           "simulate: micro-batches per step (0: the profile's)");
 ABSL_FLAG(std::string, reduction, "",
-          "simulate: the replicas' reduction, ordered or ring (empty: the "
-          "profile's run's)");
+          "the replicas' reduction, ordered or ring; train: sets "
+          "training.reduction (empty: the config's); simulate: predict with "
+          "it (empty: the profile's run's)");
 ABSL_FLAG(bool, sweep, false,
           "simulate: also print step time against K = 2, 4, 8, 16 for e2e, "
           "1-, 2- and 3-way");
@@ -162,7 +163,7 @@ const char kUsage[] =
     "[--wire fp32|bf16|fp16|int8|A:G] [--threads-per-block T] [--schedule "
     "sequential|threaded] [--out DIR] "
     "[--dump-params] [--engine inprocess|cluster] [--workers A1+A2,B,...] "
-    "[--replicas 2,1,...] "
+    "[--replicas 2,1,...] [--reduction ordered|ring] "
     "[--device cpu|cuda[:N][,...]] [--metrics-port P] [--budget T] "
     "[--budget-virtual T] "
     "[--link-latency T] [--link-bandwidth B] [--token-file F] "
@@ -335,10 +336,10 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
   options.engine.collective_port = absl::GetFlag(FLAGS_collective_port);
   if (options.engine.collective_port < 0 ||
       options.engine.collective_port > 65535) {
-    return Fail(absl::StrCat("--collective_port: ",
-                             options.engine.collective_port,
-                             " is not in 0..65535"),
-                2);
+    return Fail(
+        absl::StrCat("--collective_port: ", options.engine.collective_port,
+                     " is not in 0..65535"),
+        2);
   }
   options.engine.coordinator_port = absl::GetFlag(FLAGS_coordinator_port);
   options.engine.coordinator_host = absl::GetFlag(FLAGS_coordinator_host);

@@ -132,6 +132,17 @@ int RunTrain() {
       return Fail(absl::StrCat("--wire: ", s.message()), 2);
     }
   }
+  const std::string reduction =
+      absl::AsciiStrToLower(absl::GetFlag(FLAGS_reduction));
+  if (reduction == "ordered") {
+    t->set_reduction(TrainingSpec::ORDERED);
+  } else if (reduction == "ring") {
+    t->set_reduction(TrainingSpec::RING);
+  } else if (!reduction.empty()) {
+    return Fail(absl::StrCat("--reduction: '", reduction,
+                             "', expected ordered or ring"),
+                2);
+  }
   interlock::TrainOptions options;
   if (int code = TrainOptionsForRun(options); code != 0) return code;
   options.checkpoints.every = absl::GetFlag(FLAGS_checkpoint_every);

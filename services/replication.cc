@@ -1,5 +1,6 @@
 #include "services/replication.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -225,7 +226,11 @@ absl::StatusOr<Replication::Totals> Replication::ReduceImpl(bool skip,
   int32_t* counters = meta + meta_.numel() - 2;
   counters[0] = skip ? 1 : 0;
   counters[1] = accumulated;
+  const auto arrived = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(group_->AllReduceSum(meta_));
+  const double wait_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived)
+          .count();
   if (ordered_) {
     // Float bits summed as integers: x + 0 + ... + 0 is x for every value,
     // -0.0 and NaN payloads included.
@@ -266,6 +271,7 @@ absl::StatusOr<Replication::Totals> Replication::ReduceImpl(bool skip,
   Totals t;
   t.skip = counters[0] > 0;
   t.accumulated = counters[1];
+  t.wait_seconds = wait_seconds;
   return t;
 }
 

@@ -74,6 +74,10 @@ class Replication {
   struct Totals {
     bool skip = false;    // some replica met a non-finite value
     int accumulated = 0;  // micro-batch gradients over every replica
+    // The first, small exchange (flags and counts): it ends only when the
+    // last replica has arrived, so it is the wait for the slowest one;
+    // the rest of the reduction is the gradients' own exchange.
+    double wait_seconds = 0.0;
   };
   // Reduces with the group. On success the parameters hold the step's
   // gradients and the BatchNorm layers their running statistics after all

@@ -560,6 +560,7 @@ absl::StatusOr<OpTiming> BlockTrainer::Step(double lr) {
       skip_step_ = totals->skip;
       accumulated_ = totals->accumulated;
       last_reduction_seconds_ = SecondsSince(device(), t0);
+      last_reduction_wait_seconds_ = totals->wait_seconds;
     }
     if (!skip_step_) {
       // Finite losses can still overflow in a backward pass.

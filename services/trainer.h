@@ -227,6 +227,10 @@ class BlockTrainer {
   // Seconds the last Step spent reducing with the other replicas (part of
   // its optimizer timing; 0 without replicas).
   double last_reduction_seconds() const { return last_reduction_seconds_; }
+  // The part of it spent waiting for the slowest replica to arrive.
+  double last_reduction_wait_seconds() const {
+    return last_reduction_wait_seconds_;
+  }
   // Whether the last Step skipped the update.
   bool last_step_skipped() const { return last_step_skipped_; }
   // Non-finite losses and gradients met so far (the policy's counter).
@@ -319,6 +323,7 @@ class BlockTrainer {
   int last_applied_ = 0;
   std::unique_ptr<Replication> replication_;  // null: the only replica
   double last_reduction_seconds_ = 0.0;
+  double last_reduction_wait_seconds_ = 0.0;
 };
 
 // Whether every value of a floating-point tensor is finite.

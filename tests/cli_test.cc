@@ -88,6 +88,24 @@ TEST(Cli, WritesRunFiles) {
   std::filesystem::remove_all(out);
 }
 
+// `train --reduction` sets training.reduction (it was once read by
+// `simulate` only, and `train` ran ORDERED whatever it said).
+TEST(Cli, ReductionFlagSetsTheRunsReduction) {
+  for (const std::string reduction : {"ring", "ordered"}) {
+    const std::string out = TempDir("reduction_" + reduction);
+    auto r = RunCommand(kCli + " train --quiet --config " + kSrc +
+                        "/configs/tests/tiny_resnet.pbtxt --steps 1 " +
+                        "--reduction " + reduction + " --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::stringstream summary;
+    summary << std::ifstream(out + "/summary.json").rdbuf();
+    EXPECT_NE(summary.str().find("\"reduction\": \"" + reduction + "\""),
+              std::string::npos)
+        << summary.str();
+    std::filesystem::remove_all(out);
+  }
+}
+
 TEST(Cli, SameSeedSameDigestAcrossSchedules) {
   const std::string base = kCli + " train --quiet --config " + kSrc +
                            "/configs/tests/tiny_resnet.pbtxt --steps 3";
@@ -149,6 +167,8 @@ TEST(Cli, BadInputsGiveOneLineErrors) {
            {"--config " + tiny + " --n 9", "training.n"},
            {"--config " + tiny + " --mode sideways", "--mode"},
            {"--config " + tiny + " --rule biggest", "--rule"},
+           {"--config " + tiny + " --reduction fastest",
+            "--reduction: 'fastest', expected ordered or ring"},
            {"--config " + tiny + " --schedule random", "--schedule"},
            {"--config " + fmnist_cfg, "train-images-idx3-ubyte.gz"},
            {"--config " + tiny + " --device gpu",

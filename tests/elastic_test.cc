@@ -175,6 +175,22 @@ TEST(Elastic, JoinFailureAndLeaveMidRunEndBitwiseOnTheSingleChain) {
       << ReadFile(dir + "/w5.log");
 
   ASSERT_EQ(WaitExit(cli.pid, 600), 0) << ReadFile(cli.log);
+  {
+    // Block 0's surviving replica reduced until the fail-over: each time,
+    // the wait for the slowest replica is a part of the reduction.
+    const std::string text = HttpGet(w[0].metrics_port, "/metrics");
+    const std::string phase = "phase=\"reduction\"";
+    const double reductions =
+        MetricSum(text, "interlock_worker_compute_seconds_count", phase);
+    EXPECT_GT(reductions, 0) << text;
+    EXPECT_EQ(MetricSum(text, "interlock_worker_reduction_wait_seconds_count"),
+              reductions);
+    const double wait =
+        MetricSum(text, "interlock_worker_reduction_wait_seconds_sum");
+    EXPECT_GT(wait, 0);
+    EXPECT_LE(wait,
+              MetricSum(text, "interlock_worker_compute_seconds_sum", phase));
+  }
   for (auto& p : w) StopWorker(p);
 
   v1::RunSummary summary;

@@ -21,6 +21,13 @@ WorkerMetrics::WorkerMetrics()
                   .Name("interlock_worker_compute_seconds")
                   .Help("Duration of block operations by phase")
                   .Register(*registry_);
+  reduction_wait_ =
+      &prometheus::BuildHistogram()
+           .Name("interlock_worker_reduction_wait_seconds")
+           .Help(
+               "Part of a replica reduction spent waiting for the slowest "
+               "replica of the block")
+           .Register(*registry_);
   idle_ = &prometheus::BuildCounter()
                .Name("interlock_worker_idle_seconds_total")
                .Help("Time spent idle while waiting for gradients from below")
@@ -94,6 +101,7 @@ BlockMetrics& WorkerMetrics::ForBlock(int block, int replica,
   m.optimizer_seconds = &compute_->Add(with("phase", "optimizer"), Buckets());
   m.input_grad_seconds = &compute_->Add(with("phase", "input_grad"), Buckets());
   m.reduction_seconds = &compute_->Add(with("phase", "reduction"), Buckets());
+  m.reduction_wait_seconds = &reduction_wait_->Add(base, Buckets());
   m.idle_seconds = &idle_->Add(base);
   // Families return the existing child for known labels: a block
   // reconfigured with other codecs shares every other series.

@@ -27,6 +27,9 @@ struct BlockMetrics {
   // The reduction with the block's other replicas (part of the optimizer
   // phase); observed only when the block has replicas.
   prometheus::Histogram* reduction_seconds = nullptr;
+  // Its part spent waiting for the slowest replica to arrive (the rest is
+  // the gradients' own exchange).
+  prometheus::Histogram* reduction_wait_seconds = nullptr;
   prometheus::Counter* idle_seconds = nullptr;
   prometheus::Counter* sent_down_bytes = nullptr;
   prometheus::Counter* sent_up_bytes = nullptr;
@@ -56,6 +59,7 @@ class WorkerMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* microbatches_;
   prometheus::Family<prometheus::Histogram>* compute_;
+  prometheus::Family<prometheus::Histogram>* reduction_wait_;
   prometheus::Family<prometheus::Counter>* idle_;
   prometheus::Family<prometheus::Counter>* sent_;
   prometheus::Family<prometheus::Counter>* received_;

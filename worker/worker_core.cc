@@ -285,6 +285,8 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     if (r->replicas > 1) {
       r->metrics->reduction_seconds->Observe(
           r->driver->trainer().last_reduction_seconds());
+      r->metrics->reduction_wait_seconds->Observe(
+          r->driver->trainer().last_reduction_wait_seconds());
     }
     v1::ControlEvent msg;
     r->codec.EncodeStepDone(d, msg.mutable_step_done());
