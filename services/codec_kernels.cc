@@ -67,6 +67,16 @@ INTERLOCK_VECTOR_CLONES uint16_t AbsMaxHalfBits(const uint16_t* x, int64_t n) {
   return m;
 }
 
+INTERLOCK_VECTOR_CLONES void WidenBf16Values(const char* x, int64_t n,
+                                             float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, x + 2 * i, sizeof(h));
+    const uint32_t w = static_cast<uint32_t>(h) << 16;
+    std::memcpy(out + i, &w, sizeof(w));
+  }
+}
+
 }  // namespace
 
 float QuantizeInt8Block(const float* x, int64_t n, int8_t* q) {
@@ -101,6 +111,10 @@ bool AllFiniteFloats(const float* x, int64_t n) {
 
 bool AllFiniteHalves(const uint16_t* x, int64_t n, uint16_t inf_bits) {
   return AbsMaxHalfBits(x, n) < inf_bits;
+}
+
+void WidenBf16(const char* x, int64_t n, float* out) {
+  WidenBf16Values(x, n, out);
 }
 
 }  // namespace interlock

@@ -26,6 +26,11 @@ bool AllFiniteFloats(const float* x, int64_t n);
 // `inf_bits` up (sign apart): 0x7c00 for IEEE half, 0x7f80 for bfloat16.
 bool AllFiniteHalves(const uint16_t* x, int64_t n, uint16_t inf_bits);
 
+// `n` bfloat16 values (little-endian bytes at `x`, any alignment) widened
+// to float32: each value's bits moved up 16 places, exactly as LibTorch
+// converts them, NaN payloads included.
+void WidenBf16(const char* x, int64_t n, float* out);
+
 }  // namespace interlock
 
 #endif  // INTERLOCK_SERVICES_CODEC_KERNELS_H_

@@ -180,6 +180,45 @@ torch::Tensor TensorFromPayload(const Payload& bytes,
   return t;
 }
 
+torch::Tensor Bf16PayloadToFloat(const Payload& bytes,
+                                 const std::vector<int64_t>& shape,
+                                 bool* finite) {
+  constexpr int64_t kStretch = int64_t{16} << 10;  // values
+  torch::Tensor t = torch::empty(shape, torch::dtype(torch::kFloat32));
+  float* out = t.data_ptr<float>();
+  int64_t done = 0;  // values written
+  bool all_finite = true;
+  const auto widen = [&](const char* p, int64_t n) {
+    for (int64_t at = 0; at < n; at += kStretch) {
+      const int64_t len = std::min(kStretch, n - at);
+      WidenBf16(p + 2 * at, len, out + done);
+      if (finite != nullptr && all_finite) {
+        all_finite = AllFiniteFloats(out + done, len);
+      }
+      done += len;
+    }
+  };
+  char straddling[2];
+  bool half_value = false;  // straddling[0] holds a value's first byte
+  for (absl::string_view piece : bytes.pieces()) {
+    const char* p = piece.data();
+    size_t len = piece.size();
+    if (half_value && len > 0) {
+      straddling[1] = *p++;
+      --len;
+      half_value = false;
+      widen(straddling, 1);
+    }
+    widen(p, static_cast<int64_t>(len / 2));
+    if (len % 2 != 0) {
+      straddling[0] = p[len - 1];
+      half_value = true;
+    }
+  }
+  if (finite != nullptr) *finite = all_finite;
+  return t;
+}
+
 void EncodeTensor(const torch::Tensor& t_in, WireTensor* meta,
                   TensorBytes* bytes) {
   // x86-64 and aarch64 are little-endian, the wire order.
