@@ -71,7 +71,7 @@ torch::Tensor TensorFromPayload(const Payload& bytes,
                                 torch::ScalarType type, bool* finite = nullptr);
 
 // A float32 tensor of `shape` from `bytes` holding its values as bfloat16
-// (2 bytes each): one pass over them, widening straight from the payload's
+// (exactly 2 bytes per element, which the caller has checked): one pass over them, widening straight from the payload's
 // pieces (a value may straddle two), each stretch checked for finiteness
 // right after it is written when `finite` is given (as TensorFromPayload).
 torch::Tensor Bf16PayloadToFloat(const Payload& bytes,
