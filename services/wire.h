@@ -71,9 +71,10 @@ torch::Tensor TensorFromPayload(const Payload& bytes,
                                 torch::ScalarType type, bool* finite = nullptr);
 
 // A float32 tensor of `shape` from `bytes` holding its values as bfloat16
-// (exactly 2 bytes per element, which the caller has checked): one pass over them, widening straight from the payload's
-// pieces (a value may straddle two), each stretch checked for finiteness
-// right after it is written when `finite` is given (as TensorFromPayload).
+// (exactly 2 bytes per element, which the caller has checked): one pass over
+// them, widening straight from the payload's pieces (a value may straddle two),
+// each stretch checked for finiteness right after it is written when `finite`
+// is given (as TensorFromPayload).
 torch::Tensor Bf16PayloadToFloat(const Payload& bytes,
                                  const std::vector<int64_t>& shape,
                                  bool* finite = nullptr);
