@@ -30,6 +30,9 @@ bool AllFiniteHalves(const uint16_t* x, int64_t n, uint16_t inf_bits);
 // to float32: each value's bits moved up 16 places, exactly as LibTorch
 // converts them, NaN payloads included.
 void WidenBf16(const char* x, int64_t n, float* out);
+// The same for IEEE half values: finite ones (subnormals included) exactly
+// as LibTorch converts them; Inf stays Inf and NaN stays NaN.
+void WidenFp16(const char* x, int64_t n, float* out);
 
 }  // namespace interlock
 

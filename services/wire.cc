@@ -180,10 +180,11 @@ torch::Tensor TensorFromPayload(const Payload& bytes,
   return t;
 }
 
-torch::Tensor Bf16PayloadToFloat(const Payload& bytes,
+torch::Tensor HalfPayloadToFloat(const Payload& bytes,
                                  const std::vector<int64_t>& shape,
-                                 bool* finite) {
+                                 torch::ScalarType half, bool* finite) {
   constexpr int64_t kStretch = int64_t{16} << 10;  // values
+  const auto widen_values = half == torch::kBFloat16 ? &WidenBf16 : &WidenFp16;
   torch::Tensor t = torch::empty(shape, torch::dtype(torch::kFloat32));
   float* out = t.data_ptr<float>();
   int64_t done = 0;  // values written
@@ -191,7 +192,7 @@ torch::Tensor Bf16PayloadToFloat(const Payload& bytes,
   const auto widen = [&](const char* p, int64_t n) {
     for (int64_t at = 0; at < n; at += kStretch) {
       const int64_t len = std::min(kStretch, n - at);
-      WidenBf16(p + 2 * at, len, out + done);
+      widen_values(p + 2 * at, len, out + done);
       if (finite != nullptr && all_finite) {
         all_finite = AllFiniteFloats(out + done, len);
       }

@@ -70,13 +70,14 @@ torch::Tensor TensorFromPayload(const Payload& bytes,
                                 const std::vector<int64_t>& shape,
                                 torch::ScalarType type, bool* finite = nullptr);
 
-// A float32 tensor of `shape` from `bytes` holding its values as bfloat16
-// (exactly 2 bytes per element, which the caller has checked): one pass over
-// them, widening straight from the payload's pieces (a value may straddle two),
-// each stretch checked for finiteness right after it is written when `finite`
-// is given (as TensorFromPayload).
-torch::Tensor Bf16PayloadToFloat(const Payload& bytes,
+// A float32 tensor of `shape` from `bytes` holding its values as `half`
+// (kBFloat16 or kHalf; exactly 2 bytes per element, which the caller has
+// checked): one pass over them, widening straight from the payload's pieces
+// (a value may straddle two), each stretch checked for finiteness right
+// after it is written when `finite` is given (as TensorFromPayload).
+torch::Tensor HalfPayloadToFloat(const Payload& bytes,
                                  const std::vector<int64_t>& shape,
+                                 torch::ScalarType half,
                                  bool* finite = nullptr);
 
 // A tensor (on any device) as a RAW wire tensor: its description in `meta`,

@@ -112,15 +112,9 @@ class HalfTensorCodec final : public TensorCodec {
           what, ": ", values.data.size(), " data bytes, expected ", bytes, " (",
           elements, " ", name_, " values of 2 bytes)"));
     }
-    // Widening is the one pass over the values: bfloat16 straight from the
-    // payload's pieces; fp16 gathered first unless the payload can back
-    // the half tensor (a finite 16-bit value widens to a finite one, so
-    // the gather's check is the fp32 tensor's).
-    if (half_ == torch::kBFloat16) {
-      return Bf16PayloadToFloat(values.data, shape, finite);
-    }
-    return TensorFromPayload(values.data, shape, half_, finite)
-        .to(torch::kFloat32);
+    // Widening straight from the payload's pieces is the one pass over the
+    // values, the finiteness check included.
+    return HalfPayloadToFloat(values.data, shape, half_, finite);
   }
   torch::Tensor Transfer(torch::Tensor t) const override {
     if (t.scalar_type() != torch::kFloat32) return t;

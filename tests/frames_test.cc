@@ -28,7 +28,7 @@ namespace v1 = interlock::v1;
 const WireCodec& Codec(v1::WireSpec::Codec c) {
   static const auto* codecs = [] {
     auto* m = new std::map<int, WireCodec>;
-    for (auto k : {v1::WireSpec::FP32, v1::WireSpec::BF16,
+    for (auto k : {v1::WireSpec::FP32, v1::WireSpec::BF16, v1::WireSpec::FP16,
                    v1::WireSpec::INT8_BLOCKWISE}) {
       auto codec = CodecFor(k, 0);
       m->emplace(k, WireCodec(*codec, *codec));
@@ -225,8 +225,8 @@ TEST(Frames, AnAlignedSliceBacksTheDecodedTensor) {
 }
 
 TEST(Frames, SplitSlicesDecodeWithOneCopy) {
-  for (auto c :
-       {v1::WireSpec::FP32, v1::WireSpec::BF16, v1::WireSpec::INT8_BLOCKWISE}) {
+  for (auto c : {v1::WireSpec::FP32, v1::WireSpec::BF16, v1::WireSpec::FP16,
+                 v1::WireSpec::INT8_BLOCKWISE}) {
     SCOPED_TRACE(CodecName(c));
     const torch::Tensor g = torch::randn({3, 333});
     UpwardMsg u;
@@ -255,8 +255,8 @@ TEST(Frames, DecodingChecksFinitenessInTheCopyingPass) {
   const torch::Tensor g = torch::randn({3, 333});
   std::vector<int> cases = {-1, 998};
   for (int i = 20; i < 70; ++i) cases.push_back(i);
-  for (auto c :
-       {v1::WireSpec::FP32, v1::WireSpec::BF16, v1::WireSpec::INT8_BLOCKWISE}) {
+  for (auto c : {v1::WireSpec::FP32, v1::WireSpec::BF16, v1::WireSpec::FP16,
+                 v1::WireSpec::INT8_BLOCKWISE}) {
     for (int bad : cases) {
       SCOPED_TRACE(CodecName(c) + " bad value " + std::to_string(bad));
       torch::Tensor x = g.clone();

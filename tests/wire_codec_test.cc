@@ -346,6 +346,43 @@ TEST(WireCodecs, Int8KernelsAreTheScalarDefinitionBitwise) {
   EXPECT_FALSE(DequantizeInt8Block(codes.data(), 40, 1.0f, values.data()));
 }
 
+// The receivers' widening kernels against LibTorch's own conversion, for
+// every one of the 65,536 bit patterns, at every alignment the slices of a
+// message can give: finite values bitwise equal, Inf and NaN kept so.
+TEST(WireCodecs, WideningIsLibTorchsConversionForEveryPattern) {
+  std::vector<uint16_t> patterns(1 << 16);
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    patterns[i] = static_cast<uint16_t>(i);
+  }
+  const int64_t n = static_cast<int64_t>(patterns.size());
+  for (auto half : {torch::kBFloat16, torch::kHalf}) {
+    SCOPED_TRACE(half == torch::kHalf ? "fp16" : "bf16");
+    const torch::Tensor want =
+        torch::from_blob(patterns.data(), {n}, torch::dtype(half))
+            .to(torch::kFloat32);
+    for (int offset : {0, 1, 3}) {
+      std::vector<char> bytes(2 * patterns.size() + offset);
+      std::memcpy(bytes.data() + offset, patterns.data(), 2 * patterns.size());
+      std::vector<float> got(patterns.size());
+      (half == torch::kHalf ? WidenFp16 : WidenBf16)(bytes.data() + offset, n,
+                                                     got.data());
+      const float* expected = want.data_ptr<float>();
+      int mismatches = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float w = expected[i];
+        if (std::isfinite(w)) {
+          mismatches += std::memcmp(&w, &got[i], sizeof(w)) != 0;
+        } else {
+          mismatches += std::isnan(w) != std::isnan(got[i]) ||
+                        std::isinf(w) != std::isinf(got[i]) ||
+                        std::signbit(w) != std::signbit(got[i]);
+        }
+      }
+      EXPECT_EQ(mismatches, 0) << "offset " << offset;
+    }
+  }
+}
+
 TEST(WireCodecs, Fp32AndIntegerTensorsTravelExactly) {
   const torch::Tensor ids = torch::randint(0, 256, {4, 12}, torch::kInt64);
   const torch::Tensor x = torch::randn({3, 9});
