@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -76,19 +78,19 @@ std::optional<bool> AllFinite(const void* p, int64_t n,
   }
 }
 
-// Copies `bytes` to `out` (values of `type`, one AllFinite knows) and says
+// Copies `pieces` to `out` (values of `type`, one AllFinite knows) and says
 // whether every value is finite. Each stretch is checked right after its
 // copy, while it is still in cache, so the check costs no second pass over
 // memory; gRPC's slices may split a value, so the check trails the copy to
 // whole values.
-bool CopyCheckingFinite(const Payload& bytes, torch::ScalarType type,
-                        char* out) {
+bool CopyCheckingFinite(const std::vector<absl::string_view>& pieces,
+                        torch::ScalarType type, char* out) {
   constexpr size_t kStretch = size_t{64} << 10;
   const size_t item = c10::elementSize(type);
   size_t copied = 0;   // bytes
   size_t checked = 0;  // values
   bool finite = true;
-  for (absl::string_view piece : bytes.pieces()) {
+  for (absl::string_view piece : pieces) {
     for (size_t at = 0; at < piece.size();) {
       const size_t n = std::min(kStretch, piece.size() - at);
       std::memcpy(out + copied, piece.data() + at, n);
@@ -103,6 +105,88 @@ bool CopyCheckingFinite(const Payload& bytes, torch::ScalarType type,
     }
   }
   return finite;
+}
+
+void CopyPieces(const std::vector<absl::string_view>& pieces, char* out) {
+  for (absl::string_view p : pieces) {
+    if (p.empty()) continue;
+    std::memcpy(out, p.data(), p.size());
+    out += p.size();
+  }
+}
+
+// Widens `pieces`, 16-bit `half` values (a value may straddle two pieces),
+// into `out`; with `check`, says whether every value is finite, each
+// stretch checked right after it is written.
+bool WidenPieces(const std::vector<absl::string_view>& pieces,
+                 torch::ScalarType half, bool check, float* out) {
+  constexpr int64_t kStretch = int64_t{16} << 10;  // values
+  const auto widen_values = half == torch::kBFloat16 ? &WidenBf16 : &WidenFp16;
+  int64_t done = 0;  // values written
+  bool all_finite = true;
+  const auto widen = [&](const char* p, int64_t n) {
+    for (int64_t at = 0; at < n; at += kStretch) {
+      const int64_t len = std::min(kStretch, n - at);
+      widen_values(p + 2 * at, len, out + done);
+      if (check && all_finite) all_finite = AllFiniteFloats(out + done, len);
+      done += len;
+    }
+  };
+  char straddling[2];
+  bool half_value = false;  // straddling[0] holds a value's first byte
+  for (absl::string_view piece : pieces) {
+    const char* p = piece.data();
+    size_t len = piece.size();
+    if (half_value && len > 0) {
+      straddling[1] = *p++;
+      --len;
+      half_value = false;
+      widen(straddling, 1);
+    }
+    widen(p, static_cast<int64_t>(len / 2));
+    if (len % 2 != 0) {
+      straddling[0] = p[len - 1];
+      half_value = true;
+    }
+  }
+  return all_finite;
+}
+
+// Runs `work(pieces, at)` over the pieces of `bytes` from byte `at` on, in
+// parts: two on two threads when the payload is large, split at a multiple
+// of 64 bytes (of every item size, and a cache line of the output), one
+// otherwise. True when every part's work returned true.
+template <typename Work>
+bool InParts(const Payload& bytes, Work work) {
+  static const bool two_cores = std::thread::hardware_concurrency() > 1;
+  if (bytes.size() < kTwoThreadDecodeBytes || !two_cores) {
+    return work(bytes.pieces(), size_t{0});
+  }
+  const size_t split = bytes.size() / 2 / 64 * 64;
+  std::vector<absl::string_view> first, second;
+  size_t at = 0;
+  for (absl::string_view p : bytes.pieces()) {
+    if (at + p.size() <= split) {
+      first.push_back(p);
+    } else if (at >= split) {
+      second.push_back(p);
+    } else {
+      first.push_back(p.substr(0, split - at));
+      second.push_back(p.substr(split - at));
+    }
+    at += p.size();
+  }
+  bool second_ok = true;
+  std::thread helper;
+  try {
+    helper = std::thread([&] { second_ok = work(second, split); });
+  } catch (const std::system_error&) {
+    // No thread to be had (a process limit): this thread does both.
+    second_ok = work(second, split);
+  }
+  const bool first_ok = work(first, size_t{0});
+  if (helper.joinable()) helper.join();
+  return first_ok && second_ok;
 }
 
 }  // namespace
@@ -132,13 +216,7 @@ Payload Payload::Borrowed(absl::string_view s) {
   return Payload({s}, nullptr);
 }
 
-void Payload::CopyTo(char* out) const {
-  for (absl::string_view p : pieces_) {
-    if (p.empty()) continue;
-    std::memcpy(out, p.data(), p.size());
-    out += p.size();
-  }
-}
+void Payload::CopyTo(char* out) const { CopyPieces(pieces_, out); }
 
 std::string Payload::ToString() const {
   std::string s(size_, '\0');
@@ -172,50 +250,28 @@ torch::Tensor TensorFromPayload(const Payload& bytes,
     return t;
   }
   torch::Tensor t = torch::empty(shape, torch::dtype(type));
-  if (check) {
-    *finite = CopyCheckingFinite(bytes, type, static_cast<char*>(t.data_ptr()));
-  } else {
-    bytes.CopyTo(static_cast<char*>(t.data_ptr()));
-  }
+  char* out = static_cast<char*>(t.data_ptr());
+  const bool all_finite =
+      InParts(bytes, [&](const std::vector<absl::string_view>& p, size_t at) {
+        if (!check) {
+          CopyPieces(p, out + at);
+          return true;
+        }
+        return CopyCheckingFinite(p, type, out + at);
+      });
+  if (check) *finite = all_finite;
   return t;
 }
 
 torch::Tensor HalfPayloadToFloat(const Payload& bytes,
                                  const std::vector<int64_t>& shape,
                                  torch::ScalarType half, bool* finite) {
-  constexpr int64_t kStretch = int64_t{16} << 10;  // values
-  const auto widen_values = half == torch::kBFloat16 ? &WidenBf16 : &WidenFp16;
   torch::Tensor t = torch::empty(shape, torch::dtype(torch::kFloat32));
   float* out = t.data_ptr<float>();
-  int64_t done = 0;  // values written
-  bool all_finite = true;
-  const auto widen = [&](const char* p, int64_t n) {
-    for (int64_t at = 0; at < n; at += kStretch) {
-      const int64_t len = std::min(kStretch, n - at);
-      widen_values(p + 2 * at, len, out + done);
-      if (finite != nullptr && all_finite) {
-        all_finite = AllFiniteFloats(out + done, len);
-      }
-      done += len;
-    }
-  };
-  char straddling[2];
-  bool half_value = false;  // straddling[0] holds a value's first byte
-  for (absl::string_view piece : bytes.pieces()) {
-    const char* p = piece.data();
-    size_t len = piece.size();
-    if (half_value && len > 0) {
-      straddling[1] = *p++;
-      --len;
-      half_value = false;
-      widen(straddling, 1);
-    }
-    widen(p, static_cast<int64_t>(len / 2));
-    if (len % 2 != 0) {
-      straddling[0] = p[len - 1];
-      half_value = true;
-    }
-  }
+  const bool all_finite =
+      InParts(bytes, [&](const std::vector<absl::string_view>& p, size_t at) {
+        return WidenPieces(p, half, finite != nullptr, out + at / 2);
+      });
   if (finite != nullptr) *finite = all_finite;
   return t;
 }

@@ -59,6 +59,12 @@ struct TensorBytes {
   Payload scales;
 };
 
+// From this size on a payload is decoded in two halves, the second on a
+// helper thread (when the machine has a second core): one core's copy runs
+// well below what memory can do, and starting a thread costs tens of
+// microseconds against the milliseconds of a copy this large.
+inline constexpr size_t kTwoThreadDecodeBytes = size_t{8} << 20;
+
 // A tensor of `shape` and `type` holding `bytes` (elements x item size of
 // them): the payload's own memory when it is one owned piece aligned for
 // `type` (no copy; the tensor keeps the owner), else one copy. With

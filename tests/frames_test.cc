@@ -188,6 +188,18 @@ absl::StatusOr<UpFrame> SentInOddSlices(v1::WireSpec::Codec c,
   return UpFrameOf(InOddSlices(*wire, released));
 }
 
+// Gradients `grads` sent with codec `c` in odd slices, as decoded.
+absl::StatusOr<UpwardMsg> DecodedFromOddSlices(
+    v1::WireSpec::Codec c, std::vector<torch::Tensor> grads) {
+  UpwardMsg u;
+  u.grads = std::move(grads);
+  std::string wire;
+  int released = 0;
+  auto frame = SentInOddSlices(c, u, &wire, &released);
+  if (!frame.ok()) return frame.status();
+  return Codec(c).DecodeUpward(*frame);
+}
+
 TEST(Frames, AnAlignedSliceBacksTheDecodedTensor) {
   // Checked for finiteness in place, the one pass over the values.
   for (bool poisoned : {false, true}) {
@@ -265,13 +277,7 @@ TEST(Frames, DecodingChecksFinitenessInTheCopyingPass) {
                                 ? std::numeric_limits<float>::infinity()
                                 : std::numeric_limits<float>::quiet_NaN();
       }
-      UpwardMsg u;
-      u.grads = {g, x};
-      std::string wire;
-      int released = 0;
-      auto frame = SentInOddSlices(c, u, &wire, &released);
-      ASSERT_TRUE(frame.ok()) << frame.status();
-      auto m = Codec(c).DecodeUpward(*frame);
+      auto m = DecodedFromOddSlices(c, {g, x});
       if (c == v1::WireSpec::INT8_BLOCKWISE && bad >= 0) {
         // A non-finite value gives its block a NaN scale, which no
         // decoder takes.
@@ -280,6 +286,29 @@ TEST(Frames, DecodingChecksFinitenessInTheCopyingPass) {
       }
       ASSERT_TRUE(m.ok()) << m.status();
       EXPECT_TRUE(Bitwise(m->grads[1], Codec(c).gradients().Transfer(x)));
+      EXPECT_EQ(m->grads_finite, bad < 0);
+    }
+  }
+}
+
+// Payloads from kTwoThreadDecodeBytes on decode in two parts on two
+// threads: the values at and around the split, and the check of each,
+// come out as in one part.
+TEST(Frames, LargePayloadsDecodeInTwoPartsAsInOne) {
+  for (auto c : {v1::WireSpec::FP32, v1::WireSpec::BF16, v1::WireSpec::FP16}) {
+    const int64_t item = c == v1::WireSpec::FP32 ? 4 : 2;
+    const int64_t n = static_cast<int64_t>(kTwoThreadDecodeBytes) / item + 999;
+    const int64_t split = n * item / 2 / 64 * 64 / item;  // first value of
+                                                          // the second part
+    const torch::Tensor g = torch::randn({n});
+    for (int64_t bad :
+         {int64_t{-1}, int64_t{0}, split - 1, split, split + 1, n - 1}) {
+      SCOPED_TRACE(CodecName(c) + " bad value " + std::to_string(bad));
+      torch::Tensor x = g.clone();
+      if (bad >= 0) x[bad] = std::numeric_limits<float>::quiet_NaN();
+      auto m = DecodedFromOddSlices(c, {x});
+      ASSERT_TRUE(m.ok()) << m.status();
+      EXPECT_TRUE(Bitwise(m->grads[0], Codec(c).gradients().Transfer(x)));
       EXPECT_EQ(m->grads_finite, bad < 0);
     }
   }
