@@ -19,7 +19,8 @@ PACKAGES=(
 # Operations (docs/OPERATIONS.md): Prometheus and promtool for the rule and
 # dashboard tests, buildah and debootstrap for the container image, openssl.
 # kubectl (with kustomize) and Node.js/npm are added below when missing.
-OPS_PACKAGES=(prometheus buildah debootstrap openssl ca-certificates)
+# iproute2 (tc) shapes a link for tests/bench/wire_link.sh.
+OPS_PACKAGES=(prometheus buildah debootstrap openssl ca-certificates iproute2)
 # Tests make TLS certificates with the openssl CLI (above); `make fuzz` builds
 # with clang 14 and its libFuzzer/sanitizer runtimes.
 FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev)
