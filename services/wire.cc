@@ -153,43 +153,49 @@ bool WidenPieces(const std::vector<absl::string_view>& pieces,
 }
 
 // Runs `work(pieces, at)` over the pieces of `bytes` from byte `at` on, in
-// parts: two on two threads when the payload is large, split at a multiple
-// of 64 bytes (of every item size, and a cache line of the output), one
-// otherwise. True when every part's work returned true.
+// one part or, for a large payload, two (InTwoHalves) split at a multiple
+// of 64 bytes: of every item size, and a cache line of the output.
 template <typename Work>
 bool InParts(const Payload& bytes, Work work) {
-  static const bool two_cores = std::thread::hardware_concurrency() > 1;
-  if (bytes.size() < kTwoThreadDecodeBytes || !two_cores) {
+  if (bytes.size() < kTwoThreadCodecBytes) {
     return work(bytes.pieces(), size_t{0});
   }
-  const size_t split = bytes.size() / 2 / 64 * 64;
-  std::vector<absl::string_view> first, second;
-  size_t at = 0;
-  for (absl::string_view p : bytes.pieces()) {
-    if (at + p.size() <= split) {
-      first.push_back(p);
-    } else if (at >= split) {
-      second.push_back(p);
-    } else {
-      first.push_back(p.substr(0, split - at));
-      second.push_back(p.substr(split - at));
-    }
-    at += p.size();
+  return InTwoHalves(
+      static_cast<int64_t>(bytes.size()), 64, bytes.size(),
+      [&](int64_t begin, int64_t end) {
+        std::vector<absl::string_view> part;
+        size_t at = 0;
+        for (absl::string_view p : bytes.pieces()) {
+          const size_t from = std::max(at, static_cast<size_t>(begin));
+          const size_t to = std::min(at + p.size(), static_cast<size_t>(end));
+          if (from < to) part.push_back(p.substr(from - at, to - from));
+          at += p.size();
+        }
+        return work(part, static_cast<size_t>(begin));
+      });
+}
+
+}  // namespace
+
+bool InTwoHalves(int64_t n, int64_t align, size_t bytes,
+                 const std::function<bool(int64_t begin, int64_t end)>& work) {
+  static const bool two_cores = std::thread::hardware_concurrency() > 1;
+  const int64_t mid = n / 2 / align * align;
+  if (bytes < kTwoThreadCodecBytes || !two_cores || mid == 0) {
+    return work(0, n);
   }
   bool second_ok = true;
   std::thread helper;
   try {
-    helper = std::thread([&] { second_ok = work(second, split); });
+    helper = std::thread([&] { second_ok = work(mid, n); });
   } catch (const std::system_error&) {
     // No thread to be had (a process limit): this thread does both.
-    second_ok = work(second, split);
+    second_ok = work(mid, n);
   }
-  const bool first_ok = work(first, size_t{0});
+  const bool first_ok = work(0, mid);
   if (helper.joinable()) helper.join();
   return first_ok && second_ok;
 }
-
-}  // namespace
 
 Payload::Payload(std::vector<absl::string_view> pieces,
                  std::shared_ptr<const void> owner)

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,11 +60,20 @@ struct TensorBytes {
   Payload scales;
 };
 
-// From this size on a payload is decoded in two halves, the second on a
-// helper thread (when the machine has a second core): one core's copy runs
-// well below what memory can do, and starting a thread costs tens of
-// microseconds against the milliseconds of a copy this large.
-inline constexpr size_t kTwoThreadDecodeBytes = size_t{8} << 20;
+// From this size on a tensor is encoded or decoded in two halves, the
+// second on a helper thread (when the machine has a second core): one
+// core's copy or conversion runs well below what memory can do, and
+// starting a thread costs tens of microseconds against the milliseconds of
+// a tensor this large.
+inline constexpr size_t kTwoThreadCodecBytes = size_t{8} << 20;
+
+// Runs `work(begin, end)` over [0, n): as [0, mid) on this thread and
+// [mid, n) on a helper thread, mid a multiple of `align`, when `bytes` (the
+// payload the work reads or writes) reach kTwoThreadCodecBytes and the
+// machine has a second core; else as one call. True when every call
+// returned true. The calls must touch disjoint memory.
+bool InTwoHalves(int64_t n, int64_t align, size_t bytes,
+                 const std::function<bool(int64_t begin, int64_t end)>& work);
 
 // A tensor of `shape` and `type` holding `bytes` (elements x item size of
 // them): the payload's own memory when it is one owned piece aligned for

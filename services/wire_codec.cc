@@ -84,7 +84,15 @@ class HalfTensorCodec final : public TensorCodec {
     if (t.scalar_type() != torch::kFloat32) {
       return EncodeTensor(t, meta, bytes);
     }
-    const torch::Tensor h = t.detach().cpu().to(half_).contiguous();
+    const torch::Tensor x = t.detach().cpu().contiguous();
+    torch::Tensor h = torch::empty(x.sizes(), torch::dtype(half_));
+    // LibTorch's conversion, as in Transfer, value by value.
+    const torch::Tensor from = x.view(-1), to = h.view(-1);
+    InTwoHalves(x.numel(), 32, x.nbytes(), [&](int64_t begin, int64_t end) {
+      to.narrow(0, begin, end - begin)
+          .copy_(from.narrow(0, begin, end - begin));
+      return true;
+    });
     SetEncodedHeader(h, encoding_, meta);
     bytes->data = Payload::OfTensor(h);
     bytes->scales = Payload();
@@ -158,11 +166,15 @@ class Int8BlockwiseCodec final : public TensorCodec {
     std::string scales(Blocks(n) * sizeof(float), '\0');
     const float* v = x.data_ptr<float>();
     auto* q = reinterpret_cast<int8_t*>(data.data());
-    for (int64_t b = 0, i = 0; i < n; ++b, i += block_) {
-      const float s =
-          QuantizeInt8Block(v + i, std::min<int64_t>(block_, n - i), q + i);
-      std::memcpy(scales.data() + b * sizeof(float), &s, sizeof(float));
-    }
+    InTwoHalves(n, block_, x.nbytes(), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; i += block_) {
+        const float s =
+            QuantizeInt8Block(v + i, std::min<int64_t>(block_, end - i), q + i);
+        std::memcpy(scales.data() + i / block_ * sizeof(float), &s,
+                    sizeof(float));
+      }
+      return true;
+    });
     bytes->data = Payload::OfString(std::move(data));
     bytes->scales = Payload::OfString(std::move(scales));
   }
@@ -205,23 +217,35 @@ class Int8BlockwiseCodec final : public TensorCodec {
     torch::Tensor t = torch::empty(shape, torch::dtype(torch::kFloat32));
     float* out = t.data_ptr<float>();
     const auto* q = reinterpret_cast<const int8_t*>(data.data());
-    for (int64_t b = 0, i = 0; i < n; ++b, i += block_) {
-      float s;
-      std::memcpy(&s, scales.data() + b * sizeof(float), sizeof(float));
-      // Also refuses NaN: every comparison with it is false.
-      if (!(s >= 0.0f && s <= kMaxScale)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, ": scale ", b, " is ", s,
-                         ", expected a finite value in [0, ", kMaxScale, "]"));
+    // Each half stops at its first bad scale or code; the first half's
+    // error is the one reported, as one pass in order would.
+    absl::Status half_status[2];
+    InTwoHalves(n, block_, data.size(), [&](int64_t begin, int64_t end) {
+      absl::Status& status = half_status[begin == 0 ? 0 : 1];
+      for (int64_t i = begin; i < end; i += block_) {
+        const int64_t b = i / block_;
+        float s;
+        std::memcpy(&s, scales.data() + b * sizeof(float), sizeof(float));
+        // Also refuses NaN: every comparison with it is false.
+        if (!(s >= 0.0f && s <= kMaxScale)) {
+          status = absl::InvalidArgumentError(absl::StrCat(
+              what, ": scale ", b, " is ", s,
+              ", expected a finite value in [0, ", kMaxScale, "]"));
+          return false;
+        }
+        const int64_t len = std::min<int64_t>(block_, end - i);
+        if (!DequantizeInt8Block(q + i, len, s, out + i)) {
+          const int64_t j = std::find(q + i, q + i + len, -128) - q;
+          status = absl::InvalidArgumentError(
+              absl::StrCat(what, ": value ", j, " is ", static_cast<int>(q[j]),
+                           ", outside [-127, 127]"));
+          return false;
+        }
       }
-      const int64_t len = std::min<int64_t>(block_, n - i);
-      if (!DequantizeInt8Block(q + i, len, s, out + i)) {
-        const int64_t j = std::find(q + i, q + i + len, -128) - q;
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, ": value ", j, " is ", static_cast<int>(q[j]),
-                         ", outside [-127, 127]"));
-      }
-    }
+      return true;
+    });
+    RETURN_IF_ERROR(half_status[0]);
+    RETURN_IF_ERROR(half_status[1]);
     // Valid codes times scales up to kMaxScale: every value is finite.
     if (finite != nullptr) *finite = true;
     return t;

@@ -291,15 +291,19 @@ TEST(Frames, DecodingChecksFinitenessInTheCopyingPass) {
   }
 }
 
-// Payloads from kTwoThreadDecodeBytes on decode in two parts on two
-// threads: the values at and around the split, and the check of each,
-// come out as in one part.
+// Tensors from kTwoThreadCodecBytes on encode and decode in two halves on
+// two threads: the values at and around the split, and the checks of each
+// half, come out as in one pass (Transfer is one pass).
 TEST(Frames, LargePayloadsDecodeInTwoPartsAsInOne) {
-  for (auto c : {v1::WireSpec::FP32, v1::WireSpec::BF16, v1::WireSpec::FP16}) {
-    const int64_t item = c == v1::WireSpec::FP32 ? 4 : 2;
-    const int64_t n = static_cast<int64_t>(kTwoThreadDecodeBytes) / item + 999;
-    const int64_t split = n * item / 2 / 64 * 64 / item;  // first value of
-                                                          // the second part
+  for (auto c : {v1::WireSpec::FP32, v1::WireSpec::BF16, v1::WireSpec::FP16,
+                 v1::WireSpec::INT8_BLOCKWISE}) {
+    const bool int8 = c == v1::WireSpec::INT8_BLOCKWISE;
+    // Bytes per value on the wire; int8's codes alone reach the size.
+    const int64_t item = c == v1::WireSpec::FP32 ? 4 : int8 ? 1 : 2;
+    const int64_t n = static_cast<int64_t>(kTwoThreadCodecBytes) / item + 999;
+    // The first value of the second half (int8: a whole number of blocks).
+    const int64_t split =
+        int8 ? n / 2 / 256 * 256 : n * item / 2 / 64 * 64 / item;
     const torch::Tensor g = torch::randn({n});
     for (int64_t bad :
          {int64_t{-1}, int64_t{0}, split - 1, split, split + 1, n - 1}) {
@@ -307,11 +311,30 @@ TEST(Frames, LargePayloadsDecodeInTwoPartsAsInOne) {
       torch::Tensor x = g.clone();
       if (bad >= 0) x[bad] = std::numeric_limits<float>::quiet_NaN();
       auto m = DecodedFromOddSlices(c, {x});
+      if (int8 && bad >= 0) {
+        // The NaN makes its block's scale NaN, which the decoder names.
+        ASSERT_FALSE(m.ok());
+        EXPECT_NE(m.status().message().find(
+                      "scale " + std::to_string(bad / 256) + " is nan"),
+                  std::string::npos)
+            << m.status();
+        continue;
+      }
       ASSERT_TRUE(m.ok()) << m.status();
       EXPECT_TRUE(Bitwise(m->grads[0], Codec(c).gradients().Transfer(x)));
       EXPECT_EQ(m->grads_finite, bad < 0);
     }
   }
+  // A bad block in each half: the first is the one reported, as a single
+  // pass in order would.
+  const int64_t n = static_cast<int64_t>(kTwoThreadCodecBytes) + 999;
+  torch::Tensor x = torch::randn({n});
+  x[n - 1] = std::numeric_limits<float>::quiet_NaN();
+  x[300] = std::numeric_limits<float>::quiet_NaN();
+  auto m = DecodedFromOddSlices(v1::WireSpec::INT8_BLOCKWISE, {x});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("scale 1 is nan"), std::string::npos)
+      << m.status();
 }
 
 TEST(Frames, MalformedFramesAreRefused) {
