@@ -283,7 +283,8 @@ int CompareMain(const CompareOptions& o) {
     if (!parsed.ok()) return fail(parsed.status().message(), 2);
     seed_list = *std::move(parsed);
   }
-  // Each of those once per seed of --seeds, the seeds of a variant together.
+  // Each of those once per seed of --seeds, the seeds of a variant together
+  // (the report's order; the runs go seed by seed, below).
   const std::vector<int64_t> seeds =
       seed_list.empty() ? std::vector<int64_t>{-1} : seed_list;
   for (const ModeSpec& mode : *modes) {
@@ -337,11 +338,25 @@ int CompareMain(const CompareOptions& o) {
     r.dir = o.out_dir + "/" + r.Dir();
     runs.push_back(std::move(r));
   }
+  // Runs go seed by seed (every variant of the first seed, then the next),
+  // so that a machine whose speed drifts during a long compare does not
+  // measure all of one mode's steps in one stretch and another's in the
+  // next. The report keeps the variants' order.
+  std::vector<size_t> order(runs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const auto rank = [&](size_t i) {
+      return std::find(seeds.begin(), seeds.end(), variants[i].seed) -
+             seeds.begin();
+    };
+    return rank(a) < rank(b);
+  });
   bool failed = false;
   bool interrupted = false;
-  for (size_t i = 0; i < runs.size(); ++i) {
+  for (size_t n = 0; n < order.size(); ++n) {
+    const size_t i = order[n];
     ModeReport& r = runs[i];
-    const std::string label = absl::StrFormat("[%d/%d]", i + 1, runs.size());
+    const std::string label = absl::StrFormat("[%d/%d]", n + 1, runs.size());
     TrainOptions t = o.train;
     t.output.out_dir = r.dir;
     t.output.progress_label = label;
