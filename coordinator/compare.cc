@@ -342,15 +342,12 @@ int CompareMain(const CompareOptions& o) {
   // so that a machine whose speed drifts during a long compare does not
   // measure all of one mode's steps in one stretch and another's in the
   // next. The report keeps the variants' order.
-  std::vector<size_t> order(runs.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const auto rank = [&](size_t i) {
-      return std::find(seeds.begin(), seeds.end(), variants[i].seed) -
-             seeds.begin();
-    };
-    return rank(a) < rank(b);
-  });
+  std::vector<size_t> order;
+  for (int64_t seed : seeds) {
+    for (size_t i = 0; i < variants.size(); ++i) {
+      if (variants[i].seed == seed) order.push_back(i);
+    }
+  }
   bool failed = false;
   bool interrupted = false;
   for (size_t n = 0; n < order.size(); ++n) {
