@@ -147,6 +147,9 @@ ABSL_FLAG(std::string, resume, "",
 ABSL_FLAG(absl::Duration, recover_timeout, absl::Seconds(120),
           "cluster: how long to wait for failed workers to come back before "
           "restoring the last checkpoint (0: a failure ends the run)");
+ABSL_FLAG(std::string, profile_ops, "",
+          "train, in process, sequential schedule: write the time per LibTorch "
+          "operation of ten steps from the second on to this file (Markdown)");
 
 namespace interlock {
 namespace cli {
@@ -169,7 +172,7 @@ const char kUsage[] =
     "[--link-latency T] [--link-bandwidth B] [--token-file F] "
     "[--tls-cert F --tls-key F] [--tls-ca F] [--checkpoint-every N] "
     "[--checkpoint-dir DIR] [--keep-checkpoints N] [--resume DIR] "
-    "[--recover-timeout 120s]\n"
+    "[--recover-timeout 120s] [--profile-ops FILE]\n"
     "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
     "[--wire fp32,bf16,int8,...] [--budget-virtual T | --budget T | --steps N] "
     "--out DIR "

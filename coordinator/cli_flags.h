@@ -42,6 +42,7 @@ ABSL_DECLARE_FLAG(std::string, checkpoint_dir);
 ABSL_DECLARE_FLAG(int, keep_checkpoints);
 ABSL_DECLARE_FLAG(std::string, resume);
 ABSL_DECLARE_FLAG(absl::Duration, recover_timeout);
+ABSL_DECLARE_FLAG(std::string, profile_ops);
 
 namespace interlock {
 namespace cli {

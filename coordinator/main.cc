@@ -163,6 +163,15 @@ int RunTrain() {
   if (options.checkpoints.recover_timeout < absl::ZeroDuration()) {
     return Fail("--recover-timeout: must not be negative", 2);
   }
+  options.output.profile_ops = absl::GetFlag(FLAGS_profile_ops);
+  if (!options.output.profile_ops.empty() &&
+      (options.engine.kind != interlock::EngineKind::kInProcess ||
+       options.engine.schedule != interlock::Schedule::kSequential)) {
+    // The profiler sees the thread that starts it, and only the sequential
+    // schedule runs every block on it.
+    return Fail(
+        "--profile-ops needs --engine inprocess and --schedule sequential", 2);
+  }
   options.checkpoints.stop_requested = &g_stop_requested;
   g_can_checkpoint =
       !options.output.out_dir.empty() || !options.checkpoints.dir.empty();
@@ -202,6 +211,9 @@ int RunCompare() {
   }
   if (Given(FLAGS_n)) {
     return Fail("compare: choose the modes with --modes, not --n", 2);
+  }
+  if (Given(FLAGS_profile_ops)) {
+    return Fail("compare: --profile-ops profiles one run; use train", 2);
   }
   if (int code = CheckNumericFlags(); code != 0) return code;
   interlock::CompareOptions o;

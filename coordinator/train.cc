@@ -1,6 +1,7 @@
 #include "coordinator/train.h"
 
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@
 #include "coordinator/run_state.h"
 #include "coordinator/topology.h"
 #include "services/config.h"
+#include "services/op_profile.h"
 #include "services/status_macros.h"
 #include "services/wire_codec.h"
 
@@ -23,6 +25,10 @@ namespace {
 using interlock::v1::RunConfig;
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// --profile-ops: how many steps are profiled (fewer if the run ends, or an
+// evaluation, checkpoint or membership change comes, first).
+constexpr int64_t kProfiledSteps = 10;
 
 // Whether two folder names are the same folder (so it is locked once).
 bool SameFolder(const std::string& a, const std::string& b) {
@@ -62,6 +68,16 @@ class Runner {
       }
     }
     ASSIGN_OR_RETURN(const ResumePoint resume, recovery_.Resume());
+    if (!o_.output.profile_ops.empty()) {
+      // A file that cannot be written fails now, not after the run.
+      std::ofstream f(o_.output.profile_ops, std::ios::trunc);
+      if (!f) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "--profile-ops: cannot write ", o_.output.profile_ops));
+      }
+      // The first step this process runs warms caches and the allocator.
+      profile_from_ = resume.step + (total_ - resume.step > 1 ? 1 : 0);
+    }
     ASSIGN_OR_RETURN(const int64_t dropped,
                      s_.records.Open(o_.output.out_dir, resume.step,
                                      resume.pending_records));
@@ -143,6 +159,7 @@ class Runner {
         total_ = s;
         break;
       }
+      RETURN_IF_ERROR(ProfileOps(s));
       const double lr = plan.LearningRate(s);
       s_.records.SetLearningRate(s, lr);
       std::vector<int32_t> routes;
@@ -183,7 +200,10 @@ class Runner {
                             (s_.evals.empty() || s_.evals.back().step <= s);
       const bool checkpoint_due = recovery_.Due(s + 1);
       // Both need an idle chain: finish step s everywhere first.
-      if (eval_due || checkpoint_due) RETURN_IF_ERROR(DrainThrough(s));
+      if (eval_due || checkpoint_due) {
+        RETURN_IF_ERROR(DrainThrough(s));
+        RETURN_IF_ERROR(EndOpProfile(s + 1));
+      }
       if (eval_due) RETURN_IF_ERROR(EvaluateAt(s + 1));
       if (checkpoint_due) RETURN_IF_ERROR(recovery_.Take(s + 1).status());
       // Joins and leaves (DESIGN §2.4) take effect at a step boundary, with
@@ -191,6 +211,7 @@ class Runner {
       if (s + 1 < total_ && engine_.MembershipPending()) {
         const auto t0 = absl::Now();
         RETURN_IF_ERROR(DrainThrough(s));
+        RETURN_IF_ERROR(EndOpProfile(s + 1));
         const auto drained = absl::Now();
         RETURN_IF_ERROR(engine_.ApplyMembership(s + 1));
         *o_.output.log << "interlock: topology changed before step " << s + 1
@@ -202,6 +223,7 @@ class Runner {
     // No more submissions: the replay may now run past the last step.
     s_.clock.Finish();
     RETURN_IF_ERROR(DrainThrough(total_ - 1));
+    RETURN_IF_ERROR(EndOpProfile(total_));
     s_.clock.Advance();
     RETURN_IF_ERROR(s_.records.EmitReady());
     if (s_.records.recorded() < total_) {
@@ -242,6 +264,42 @@ class Runner {
     }
     result.evals = evals;
     return DigestState(engine_, o_.output.dump_params, result);
+  }
+
+  // Starts the operation profile before step profile_from_ and ends it
+  // kProfiledSteps steps later.
+  absl::Status ProfileOps(int64_t s) {
+    if (profile_from_ < 0) return absl::OkStatus();
+    if (op_profile_) {
+      return s >= profile_from_ + kProfiledSteps ? EndOpProfile(s)
+                                                 : absl::OkStatus();
+    }
+    if (s == profile_from_) {
+      ASSIGN_OR_RETURN(op_profile_, OpProfile::Start());
+    }
+    return absl::OkStatus();
+  }
+
+  // Ends the operation profile, if one runs, after the steps before `end`
+  // were submitted, and writes it.
+  absl::Status EndOpProfile(int64_t end) {
+    if (!op_profile_) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const OpProfileResult r, op_profile_->Stop());
+    op_profile_.reset();
+    const int64_t from = profile_from_;
+    profile_from_ = -1;  // once per run
+    const std::string title = absl::StrCat(
+        "Operations of ", c_.name(), " ", ModeName(c_), ", steps ", from + 1,
+        "-", end, " (in process, sequential schedule, ",
+        std::max(1, c_.training().threads_per_block()), " intra-op thread(s))");
+    std::ofstream f(o_.output.profile_ops, std::ios::trunc);
+    f << FormatOpProfile(r, title, end - from);
+    f.close();
+    if (!f) {
+      return absl::DataLossError(
+          absl::StrCat("--profile-ops: writing ", o_.output.profile_ops));
+    }
+    return absl::OkStatus();
   }
 
   // Waits until step s completed and every block has stepped it.
@@ -365,6 +423,10 @@ class Runner {
   const int k_;
   int64_t total_ = 0;  // steps run (fewer when a budget stops the run)
   int in_flight_ = 0;
+  // --profile-ops: the first profiled step (-1: none, or done) and the
+  // profile while it runs.
+  int64_t profile_from_ = -1;
+  std::unique_ptr<OpProfile> op_profile_;
 };
 
 }  // namespace

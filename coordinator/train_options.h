@@ -40,6 +40,9 @@ struct OutputOptions {
   // Coordinator /metrics: -1 off, 0 any free port.
   int metrics_port = -1;
   std::string metrics_host = "0.0.0.0";
+  // Time per LibTorch operation of kProfiledSteps steps into this file
+  // (services/op_profile.h); in process, sequential schedule only.
+  std::string profile_ops;
 };
 
 // Which engine runs the blocks and how it is reached.
@@ -57,7 +60,7 @@ struct EngineOptions {
   // reduction groups' rendezvous store at (empty: 127.0.0.1 for a local
   // cluster, this machine's host name for remote workers).
   std::string collective_host;
-  int collective_port = 0;  // the store's port; 0: any free one
+  int collective_port = 0;    // the store's port; 0: any free one
   std::string worker_binary;  // empty: next to this executable
   // Where the blocks run (--device, services/device.h): none (all on the
   // CPU), one for every block, or one per block. In process they are the

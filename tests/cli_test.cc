@@ -170,6 +170,11 @@ TEST(Cli, BadInputsGiveOneLineErrors) {
            {"--config " + tiny + " --reduction fastest",
             "--reduction: 'fastest', expected ordered or ring"},
            {"--config " + tiny + " --schedule random", "--schedule"},
+           {"--config " + tiny + " --schedule threaded --profile-ops x.md",
+            "--profile-ops needs --engine inprocess and --schedule "
+            "sequential"},
+           {"--config " + tiny + " --profile-ops /nonexistent/ops.md",
+            "--profile-ops: cannot write /nonexistent/ops.md"},
            {"--config " + fmnist_cfg, "train-images-idx3-ubyte.gz"},
            {"--config " + tiny + " --device gpu",
             "--device: 'gpu' is not cpu, cuda or cuda:N"},
@@ -186,6 +191,54 @@ TEST(Cli, BadInputsGiveOneLineErrors) {
   }
   auto r = RunCommand(kCli + " frobnicate");
   EXPECT_EQ(r.exit_code, 2);
+  std::filesystem::remove_all(dir);
+}
+
+// --profile-ops: the time per LibTorch operation of the steps after the
+// first, in a Markdown table; profiling changes no parameter.
+TEST(Cli, ProfileOpsTimesEachOperationAndKeepsTheDigest) {
+  const std::string dir = TempDir("profile_ops");
+  std::filesystem::create_directories(dir);
+  const std::string base = kCli + " train --quiet --config " + kSrc +
+                           "/configs/tests/tiny_resnet.pbtxt --steps 4";
+  auto plain = RunCommand(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  auto profiled = RunCommand(base + " --profile-ops " + dir + "/ops.md");
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
+  EXPECT_FALSE(DigestOf(plain.output).empty());
+  EXPECT_EQ(DigestOf(profiled.output), DigestOf(plain.output));
+  std::stringstream text;
+  text << std::ifstream(dir + "/ops.md").rdbuf();
+  const std::string ops = text.str();
+  // Steps 2-4: the first one warms up and is left out.
+  EXPECT_NE(ops.find(", steps 2-4 (in process"), std::string::npos) << ops;
+  EXPECT_NE(ops.find("\n3 steps; "), std::string::npos) << ops;
+  // The convolutions forward and backward (autograd's work is seen too),
+  // with one call per step of each of the model's convolutions at least.
+  for (const std::string op :
+       {"| aten::convolution | ", "| aten::convolution_backward | "}) {
+    const auto at = ops.find(op);
+    ASSERT_NE(at, std::string::npos) << op << "\n" << ops;
+    const double calls = std::stod(ops.substr(at + op.size()));
+    EXPECT_GE(calls, 3.0) << op;
+  }
+  // The self shares of the rows add up to the whole.
+  double percent = 0;
+  std::istringstream rows(ops);
+  for (std::string line; std::getline(rows, line);) {
+    if (line.rfind("| ", 0) != 0 || line.find("---") != std::string::npos ||
+        line.find("| operation |") == 0) {
+      continue;
+    }
+    std::vector<std::string> cells;
+    for (size_t a = 1, b; (b = line.find(" |", a)) != std::string::npos;
+         a = b + 2) {
+      cells.push_back(line.substr(a + 1, b - a - 1));
+    }
+    ASSERT_GE(cells.size(), 4u) << line;
+    percent += std::stod(cells[3]);
+  }
+  EXPECT_NEAR(percent, 100.0, 1.0) << ops;
   std::filesystem::remove_all(dir);
 }
 
