@@ -1,96 +1,127 @@
 #include "services/op_profile.h"
 
-#include <torch/csrc/autograd/profiler_legacy.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
-#include <map>
+#include <chrono>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 
 namespace interlock {
 namespace {
 
-namespace lp = torch::autograd::profiler;
-using torch::autograd::profiler::EventKind;
+using Clock = std::chrono::steady_clock;
 
-struct Open {
-  const lp::LegacyEvent* push;
-  double callees_us = 0;
+struct Frame {
+  Clock::time_point start;
+  int64_t callees_ns = 0;
+};
+
+struct Totals {
+  int64_t calls = 0;
+  int64_t self_ns = 0;
+  int64_t total_ns = 0;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<OpProfile>> OpProfile::Start() {
-  std::unique_ptr<OpProfile> p(new OpProfile());
-  try {
-    lp::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
-        torch::profiler::impl::ProfilerState::CPU));
-  } catch (const std::exception& e) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot start the operation profiler: ", e.what()));
+struct OpProfile::State {
+  // Ranges nest on one thread: the open ones, innermost last.
+  std::vector<Frame> open;
+  // Looked up by string_view: a name seen before allocates nothing.
+  absl::flat_hash_map<std::string, Totals> by_name;
+  int64_t in_ops_ns = 0;
+  at::CallbackHandle handle = 0;
+  bool was_enabled = true;
+  absl::Time start;
+  bool running = false;
+};
+
+namespace {
+
+// The profile of this thread, if one runs (callbacks propagated to other
+// threads, autograd's or LibTorch's pools, see none and do nothing).
+thread_local OpProfile::State* t_state = nullptr;
+
+std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction&) {
+  if (OpProfile::State* s = t_state) s->open.push_back({Clock::now(), 0});
+  return nullptr;
+}
+
+void OnEnd(const at::RecordFunction& fn, at::ObserverContext*) {
+  OpProfile::State* s = t_state;
+  // Ranges begun before the profile started end without a frame.
+  if (s == nullptr || s->open.empty()) return;
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         Clock::now() - s->open.back().start)
+                         .count();
+  const int64_t callees = s->open.back().callees_ns;
+  s->open.pop_back();
+  const absl::string_view name = fn.name();
+  auto it = s->by_name.find(name);
+  if (it == s->by_name.end()) {
+    it = s->by_name.emplace(std::string(name), Totals()).first;
   }
-  p->running_ = true;
-  p->start_ = absl::Now();
+  Totals& t = it->second;
+  ++t.calls;
+  t.total_ns += ns;
+  t.self_ns += std::max<int64_t>(0, ns - callees);
+  if (s->open.empty()) {
+    s->in_ops_ns += ns;
+  } else {
+    s->open.back().callees_ns += ns;
+  }
+}
+
+}  // namespace
+
+OpProfile::OpProfile() : state_(std::make_unique<State>()) {}
+
+absl::StatusOr<std::unique_ptr<OpProfile>> OpProfile::Start() {
+  if (t_state != nullptr) {
+    return absl::FailedPreconditionError(
+        "an operation profile already runs on this thread");
+  }
+  std::unique_ptr<OpProfile> p(new OpProfile());
+  State& s = *p->state_;
+  s.open.reserve(256);
+  s.by_name.reserve(512);
+  s.was_enabled = at::isRecordFunctionEnabled();
+  at::enableRecordFunction(true);
+  t_state = &s;
+  s.handle =
+      at::addThreadLocalCallback(at::RecordFunctionCallback(&OnStart, &OnEnd));
+  s.running = true;
+  s.start = absl::Now();
   return p;
 }
 
 OpProfile::~OpProfile() {
-  if (!running_) return;
-  try {
-    lp::disableProfilerLegacy();
-  } catch (const std::exception&) {
-    // Nothing to report to: the profile is dropped.
-  }
+  if (!state_->running) return;
+  at::removeCallback(state_->handle);
+  at::enableRecordFunction(state_->was_enabled);
+  t_state = nullptr;
 }
 
 absl::StatusOr<OpProfileResult> OpProfile::Stop() {
-  if (!running_) {
-    return absl::FailedPreconditionError("operation profiler not running");
+  State& s = *state_;
+  if (!s.running || t_state != &s) {
+    return absl::FailedPreconditionError(
+        "operation profile not running on this thread");
   }
-  running_ = false;
   OpProfileResult r;
-  r.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
-  lp::thread_event_lists lists;
-  try {
-    lists = lp::disableProfilerLegacy();
-  } catch (const std::exception& e) {
-    return absl::InternalError(
-        absl::StrCat("stopping the operation profiler: ", e.what()));
-  }
-  std::map<std::string, OpTime> by_name;
-  for (const auto& events : lists) {
-    // Ranges nest on one thread: a stack gives each its callees' time.
-    std::vector<Open> open;
-    for (const auto& e : events) {
-      if (e.kind() == EventKind::PushRange) {
-        open.push_back({&e});
-        continue;
-      }
-      if (e.kind() != EventKind::PopRange || open.empty()) continue;
-      // A pop closes the innermost range of its handle; ranges opened
-      // inside it and never closed (none expected) are dropped.
-      auto it = std::find_if(open.rbegin(), open.rend(), [&](const Open& o) {
-        return o.push->handle() == e.handle();
-      });
-      if (it == open.rend()) continue;
-      const Open o = *it;
-      open.erase(std::next(it).base(), open.end());
-      const double us = o.push->cpuElapsedUs(e);
-      OpTime& t = by_name[o.push->name()];
-      ++t.calls;
-      t.total_seconds += us * 1e-6;
-      t.self_seconds += std::max(0.0, us - o.callees_us) * 1e-6;
-      if (open.empty()) {
-        r.in_ops_seconds += us * 1e-6;
-      } else {
-        open.back().callees_us += us;
-      }
-    }
-  }
-  for (auto& [name, t] : by_name) {
-    t.name = name;
-    r.ops.push_back(std::move(t));
+  r.wall_seconds = absl::ToDoubleSeconds(absl::Now() - s.start);
+  at::removeCallback(s.handle);
+  at::enableRecordFunction(s.was_enabled);
+  t_state = nullptr;
+  s.running = false;
+  r.in_ops_seconds = s.in_ops_ns * 1e-9;
+  for (const auto& [name, t] : s.by_name) {
+    r.ops.push_back({name, t.calls, t.self_ns * 1e-9, t.total_ns * 1e-9});
   }
   std::sort(r.ops.begin(), r.ops.end(), [](const OpTime& a, const OpTime& b) {
     return a.self_seconds != b.self_seconds ? a.self_seconds > b.self_seconds

@@ -1,6 +1,10 @@
-// Where a step's time goes, per LibTorch operation (issue 15): LibTorch's
-// legacy CPU profiler over the calls one thread makes, including the
-// autograd work it drives, summed per operation name.
+// Where a step's time goes, per LibTorch operation (issue 15): a
+// RecordFunction observer on the calls one thread makes, including the
+// autograd work it drives, summed per operation name as they end. Not
+// LibTorch's profiler: its event lists grow all through a profile, and on
+// our allocator settings (services/runtime.h) that growth split the heap's
+// free tensor blocks, so every step took fresh pages and elementwise
+// operations ran several times slower than unprofiled.
 #ifndef INTERLOCK_SERVICES_OP_PROFILE_H_
 #define INTERLOCK_SERVICES_OP_PROFILE_H_
 
@@ -39,7 +43,7 @@ struct OpProfileResult {
 // schedule runs every block on it.
 class OpProfile {
  public:
-  // FAILED_PRECONDITION when a profiler is already on for this thread.
+  // FAILED_PRECONDITION when a profile already runs on this thread.
   static absl::StatusOr<std::unique_ptr<OpProfile>> Start();
   ~OpProfile();
   OpProfile(const OpProfile&) = delete;
@@ -48,10 +52,12 @@ class OpProfile {
   // Call on the thread that called Start, once.
   absl::StatusOr<OpProfileResult> Stop();
 
+  // What the observer fills in (op_profile.cc).
+  struct State;
+
  private:
-  OpProfile() = default;
-  absl::Time start_;
-  bool running_ = false;
+  OpProfile();
+  std::unique_ptr<State> state_;
 };
 
 // A Markdown report: `title`, then per step (`steps` > 0) the wall time, the
