@@ -135,6 +135,12 @@ bool AllFiniteFloats(const float* x, int64_t n) {
   return AbsMaxBits(x, n) < kInfBits;
 }
 
+bool AllBelowFloats(const float* x, int64_t n, float bound) {
+  uint32_t b;
+  std::memcpy(&b, &bound, sizeof(b));
+  return AbsMaxBits(x, n) < b;
+}
+
 bool AllFiniteHalves(const uint16_t* x, int64_t n, uint16_t inf_bits) {
   return AbsMaxHalfBits(x, n) < inf_bits;
 }

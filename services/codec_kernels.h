@@ -22,6 +22,10 @@ bool DequantizeInt8Block(const int8_t* q, int64_t n, float scale, float* out);
 // Whether all `n` values are finite (none NaN or infinite): the receiver's
 // check, run on each stretch of a message just copied (services/wire.cc).
 bool AllFiniteFloats(const float* x, int64_t n);
+// Whether all `n` values are below `bound` (> 0, Inf allowed) in magnitude,
+// NaN never: the trainer's checks of what it sends and receives, one pass
+// and no allocation.
+bool AllBelowFloats(const float* x, int64_t n, float bound);
 // The same for 16-bit floats given as bits, whose exponent is all ones from
 // `inf_bits` up (sign apart): 0x7c00 for IEEE half, 0x7f80 for bfloat16.
 bool AllFiniteHalves(const uint16_t* x, int64_t n, uint16_t inf_bits);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/train.h"
 #include "services/codec_kernels.h"
 #include "services/config.h"
@@ -620,6 +621,49 @@ TEST(WireCodecs, RangesAreWhereTheCodecsOverflow) {
   torch::Tensor x = torch::tensor({big, -big, 1.0f});
   EXPECT_TRUE(torch::isfinite(RoundTrip(*int8, x)).all().item<bool>());
   EXPECT_TRUE(std::isinf(WireRange(v1::WireSpec::FP32)));
+}
+
+// The trainer's checks of what it sends and receives: the one-pass kernel
+// on dense fp32 tensors (row-major, channels-last, a view with an offset)
+// says what LibTorch's expressions say, for NaN, both infinities, values
+// at and just below the range, and whatever the value's position.
+TEST(WireCodecs, TrainerRangeChecksAgreeWithLibTorch) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float bf16 = WireRange(v1::WireSpec::BF16);
+  auto expected = [](const torch::Tensor& t, float range) {
+    return std::isinf(range) ? torch::isfinite(t).all().item<bool>()
+                             : (t.abs() < range).all().item<bool>();
+  };
+  const torch::Tensor base = torch::randn({2, 3, 5, 7}) * 100;
+  for (const float range : {inf, bf16, 65504.0f, 1.0f}) {
+    for (const float bad : {nan, -nan, inf, -inf, range, -range,
+                            std::nextafter(range, 0.0f), 0.5f, -0.0f}) {
+      for (const int64_t at : {int64_t{0}, int64_t{17}, base.numel() - 1}) {
+        torch::Tensor t = base.clone();
+        if (range == 1.0f) t = t / 1000;  // inside the range but for `bad`
+        t.view({-1})[at] = bad;
+        const torch::Tensor cl =
+            t.contiguous(torch::MemoryFormat::ChannelsLast);
+        const torch::Tensor offset = t.view({-1}).slice(0, 1);
+        const torch::Tensor strided = t.view({-1}).slice(0, 0, -1, 2);
+        SCOPED_TRACE(absl::StrCat("range ", range, " value ", bad, " at ", at));
+        ASSERT_FALSE(cl.is_contiguous());
+        ASSERT_TRUE(cl.is_non_overlapping_and_dense());
+        EXPECT_EQ(AllWithin(t, range), expected(t, range));
+        EXPECT_EQ(AllWithin(cl, range), expected(cl, range));
+        EXPECT_EQ(AllWithin(offset, range), expected(offset, range));
+        EXPECT_EQ(AllWithin(strided, range), expected(strided, range));
+        EXPECT_EQ(AllFinite(t), expected(t, inf));
+        EXPECT_EQ(AllWithin(t.to(torch::kDouble), range),
+                  expected(t.to(torch::kDouble), range));
+      }
+    }
+  }
+  // Nothing to check: empty, integer and undefined tensors pass.
+  EXPECT_TRUE(AllWithin(torch::empty({0}), 1.0f));
+  EXPECT_TRUE(AllWithin(torch::full({3}, 7, torch::kLong), 1.0f));
+  EXPECT_TRUE(AllWithin(torch::Tensor(), 1.0f));
 }
 
 TEST(WireConfig, CodecsAreReadValidatedAndCanonical) {
