@@ -149,7 +149,8 @@ ABSL_FLAG(absl::Duration, recover_timeout, absl::Seconds(120),
           "restoring the last checkpoint (0: a failure ends the run)");
 ABSL_FLAG(std::string, profile_ops, "",
           "train, in process, sequential schedule: write the time per LibTorch "
-          "operation of ten steps from the second on to this file (Markdown)");
+          "operation of ten steady steps (after calibration) to this file "
+          "(Markdown)");
 
 namespace interlock {
 namespace cli {

@@ -14,6 +14,7 @@
 #include "coordinator/run_report.h"
 #include "coordinator/run_state.h"
 #include "coordinator/topology.h"
+#include "services/calibration.h"
 #include "services/config.h"
 #include "services/op_profile.h"
 #include "services/status_macros.h"
@@ -75,8 +76,18 @@ class Runner {
         return absl::PermissionDeniedError(absl::StrCat(
             "--profile-ops: cannot write ", o_.output.profile_ops));
       }
-      // The first step this process runs warms caches and the allocator.
-      profile_from_ = resume.step + (total_ - resume.step > 1 ? 1 : 0);
+      // Start once the micro-batches the blocks calibrate are through the
+      // window: their extra backward passes are not a step's work. A run
+      // too short for that skips only its first step (caches, allocator),
+      // and the report says calibration is in.
+      const int64_t m = s_.plan.microbatches();
+      const int64_t settle =
+          (kCalibrateAfter + kCalibrations + s_.plan.window() + m - 1) / m;
+      const int64_t left = total_ - resume.step;
+      profile_calibrating_ = left <= settle;
+      profile_from_ = resume.step + (!profile_calibrating_ ? settle
+                                     : left > 1            ? 1
+                                                           : 0);
     }
     ASSIGN_OR_RETURN(const int64_t dropped,
                      s_.records.Open(o_.output.out_dir, resume.step,
@@ -294,6 +305,11 @@ class Runner {
         std::max(1, c_.training().threads_per_block()), " intra-op thread(s))");
     std::ofstream f(o_.output.profile_ops, std::ios::trunc);
     f << FormatOpProfile(r, title, end - from);
+    if (profile_calibrating_) {
+      f << "\nThe run is too short to leave out the steps in which blocks "
+           "calibrate their backward passes (three extra passes each): "
+           "these steps include them.\n";
+    }
     f.close();
     if (!f) {
       return absl::DataLossError(
@@ -426,6 +442,7 @@ class Runner {
   // --profile-ops: the first profiled step (-1: none, or done) and the
   // profile while it runs.
   int64_t profile_from_ = -1;
+  bool profile_calibrating_ = false;
   std::unique_ptr<OpProfile> op_profile_;
 };
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/calibration.h"
 #include "services/codec_kernels.h"
 #include "services/device.h"
 #include "services/replication.h"
@@ -21,11 +22,6 @@ namespace interlock {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Calibrate (three extra backward passes) micro-batches kCalibrateAfter to
-// kCalibrateAfter + kCalibrations - 1 of each block.
-constexpr int64_t kCalibrateAfter = 4;
-constexpr int64_t kCalibrations = 3;
 
 // The seconds an operation on `device` took since `t0`: waits for the
 // device first, so an asynchronous device's time is execution, not launch.

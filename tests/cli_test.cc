@@ -210,9 +210,11 @@ TEST(Cli, ProfileOpsTimesEachOperationAndKeepsTheDigest) {
   std::stringstream text;
   text << std::ifstream(dir + "/ops.md").rdbuf();
   const std::string ops = text.str();
-  // Steps 2-4: the first one warms up and is left out.
+  // Steps 2-4: the first one warms up and is left out; four steps are too
+  // few to leave out calibration too, and the report says so.
   EXPECT_NE(ops.find(", steps 2-4 (in process"), std::string::npos) << ops;
   EXPECT_NE(ops.find("\n3 steps; "), std::string::npos) << ops;
+  EXPECT_NE(ops.find("these steps include them"), std::string::npos) << ops;
   // The convolutions forward and backward (autograd's work is seen too),
   // with one call per step of each of the model's convolutions at least.
   for (const std::string op :
@@ -239,6 +241,30 @@ TEST(Cli, ProfileOpsTimesEachOperationAndKeepsTheDigest) {
     percent += std::stod(cells[3]);
   }
   EXPECT_NEAR(percent, 100.0, 1.0) << ops;
+
+  // A longer run leaves out the micro-batches whose blocks calibrate (three
+  // extra backward passes each): in E2E every convolution then has exactly
+  // one backward call per step.
+  auto e2e = RunCommand(kCli + " train --quiet --config " + kSrc +
+                        "/configs/tests/tiny_resnet.pbtxt --mode e2e --steps "
+                        "40 --profile-ops " +
+                        dir + "/e2e.md");
+  ASSERT_EQ(e2e.exit_code, 0) << e2e.output;
+  std::stringstream e2e_text;
+  e2e_text << std::ifstream(dir + "/e2e.md").rdbuf();
+  const std::string e2e_ops = e2e_text.str();
+  EXPECT_EQ(e2e_ops.find("calibrate"), std::string::npos) << e2e_ops;
+  EXPECT_NE(e2e_ops.find("\n10 steps; "), std::string::npos) << e2e_ops;
+  auto calls_of = [&](const std::string& op) {
+    const auto at = e2e_ops.find("| " + op + " | ");
+    return at == std::string::npos
+               ? -1.0
+               : std::stod(e2e_ops.substr(at + op.size() + 5));
+  };
+  EXPECT_GT(calls_of("aten::convolution"), 0) << e2e_ops;
+  EXPECT_EQ(calls_of("aten::convolution_backward"),
+            calls_of("aten::convolution"))
+      << e2e_ops;
   std::filesystem::remove_all(dir);
 }
 
