@@ -85,9 +85,11 @@ class Runner {
           (kCalibrateAfter + kCalibrations + s_.plan.window() + m - 1) / m;
       const int64_t left = total_ - resume.step;
       profile_calibrating_ = left <= settle;
-      profile_from_ = resume.step + (!profile_calibrating_ ? settle
-                                     : left > 1            ? 1
-                                                           : 0);
+      if (!profile_calibrating_) {
+        profile_from_ = resume.step + settle;
+      } else {
+        profile_from_ = resume.step + (left > 1 ? 1 : 0);
+      }
     }
     ASSIGN_OR_RETURN(const int64_t dropped,
                      s_.records.Open(o_.output.out_dir, resume.step,

@@ -17,23 +17,18 @@
 #include "services/config.h"
 #include "services/digest.h"
 #include "services/trainer.h"
+#include "tests/test_util.h"
 
 namespace interlock {
 namespace {
 
 namespace fs = std::filesystem;
 namespace v1 = interlock::v1;
+using interlock::testing::ReadFile;
 
 std::string MakeTempDir() {
   std::string tmpl = "/tmp/interlock-ckpt-test-XXXXXX";
   return mkdtemp(tmpl.data());
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 void WriteFile(const std::string& path, const std::string& bytes) {

@@ -15,6 +15,7 @@ namespace {
 using interlock::testing::DigestOf;
 using interlock::testing::ExpectOneLineError;
 using interlock::testing::ParseParams;
+using interlock::testing::ReadFile;
 using interlock::testing::RunCommand;
 
 const std::string kCli = INTERLOCK_CLI;
@@ -207,9 +208,7 @@ TEST(Cli, ProfileOpsTimesEachOperationAndKeepsTheDigest) {
   ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
   EXPECT_FALSE(DigestOf(plain.output).empty());
   EXPECT_EQ(DigestOf(profiled.output), DigestOf(plain.output));
-  std::stringstream text;
-  text << std::ifstream(dir + "/ops.md").rdbuf();
-  const std::string ops = text.str();
+  const std::string ops = ReadFile(dir + "/ops.md");
   // Steps 2-4: the first one warms up and is left out; four steps are too
   // few to leave out calibration too, and the report says so.
   EXPECT_NE(ops.find(", steps 2-4 (in process"), std::string::npos) << ops;
@@ -250,9 +249,7 @@ TEST(Cli, ProfileOpsTimesEachOperationAndKeepsTheDigest) {
                         "40 --profile-ops " +
                         dir + "/e2e.md");
   ASSERT_EQ(e2e.exit_code, 0) << e2e.output;
-  std::stringstream e2e_text;
-  e2e_text << std::ifstream(dir + "/e2e.md").rdbuf();
-  const std::string e2e_ops = e2e_text.str();
+  const std::string e2e_ops = ReadFile(dir + "/e2e.md");
   EXPECT_EQ(e2e_ops.find("calibrate"), std::string::npos) << e2e_ops;
   EXPECT_NE(e2e_ops.find("\n10 steps; "), std::string::npos) << e2e_ops;
   auto calls_of = [&](const std::string& op) {

@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/test_util.h"
+
 namespace interlock::testing {
 
 // A two-block ResNet on 3x8x8 synthetic images with 4 classes, 2-way.
@@ -42,12 +44,6 @@ inline constexpr char kTwoBlocks[] = R"pb(
 inline std::string MakeTempDir(const std::string& tag) {
   std::string tmpl = "/tmp/interlock-test-" + tag + "-XXXXXX";
   return mkdtemp(tmpl.data());
-}
-
-inline std::string ReadFile(const std::string& path) {
-  std::stringstream ss;
-  ss << std::ifstream(path).rdbuf();
-  return ss.str();
 }
 
 // A unary call by method name with a raw (serialized) request; the reply's

@@ -25,16 +25,11 @@
 namespace interlock {
 namespace {
 
+using interlock::testing::ReadFile;
 using interlock::testing::RunCommand;
 
 const std::string kCli = INTERLOCK_CLI;
 const std::string kSrc = INTERLOCK_SOURCE_DIR;
-
-std::string ReadFile(const std::string& path) {
-  std::stringstream s;
-  s << std::ifstream(path, std::ios::binary).rdbuf();
-  return s.str();
-}
 
 // The cells of a Markdown table row "| a | b |".
 std::vector<std::string> Cells(const std::string& line) {

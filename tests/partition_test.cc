@@ -26,6 +26,7 @@ namespace interlock {
 namespace {
 
 using interlock::testing::ExpectOneLineError;
+using interlock::testing::ReadFile;
 using interlock::testing::RunCommand;
 
 const std::string kCli = INTERLOCK_CLI;
@@ -239,12 +240,6 @@ std::string TempDir(const std::string& name) {
            ("interlock_partition_" + name + "_" + std::to_string(getpid()));
   std::filesystem::remove_all(p);
   return p.string();
-}
-
-std::string ReadFile(const std::string& path) {
-  std::stringstream s;
-  s << std::ifstream(path).rdbuf();
-  return s.str();
 }
 
 // The partition string of `interlock partition`'s first line.

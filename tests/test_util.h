@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -16,6 +17,13 @@
 #include "absl/strings/str_split.h"
 
 namespace interlock::testing {
+
+// The whole file ("" when it cannot be read).
+inline std::string ReadFile(const std::string& path) {
+  std::stringstream ss;
+  ss << std::ifstream(path, std::ios::binary).rdbuf();
+  return ss.str();
+}
 
 // Parses the --dump-params output: one {"name":...,"values":[...]} per line.
 inline std::map<std::string, std::vector<double>> ParseParams(
