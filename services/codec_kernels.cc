@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "services/vector_clones.h"
+
 namespace interlock {
 namespace {
 
@@ -12,14 +14,6 @@ namespace {
 constexpr float kRoundMagic = 12582912.0f;
 constexpr uint32_t kAbsMask = 0x7fffffffu;
 constexpr uint32_t kInfBits = 0x7f800000u;
-
-// GCC: an AVX2 clone beside the baseline one, picked by the loader.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define INTERLOCK_VECTOR_CLONES \
-  __attribute__((target_clones("avx2", "default")))
-#else
-#define INTERLOCK_VECTOR_CLONES
-#endif
 
 // The largest |x| as bits: for non-negative floats integer order is float
 // order, and Inf and NaN lie at and above kInfBits.

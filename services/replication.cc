@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/norm_kernels.h"
 #include "services/status_macros.h"
 #include "services/torch_guard.h"
 
@@ -289,20 +290,13 @@ absl::Status Replication::ReplayStatistics() {
       const float* x_mean = reinterpret_cast<const float*>(row + 1);
       const float* x_var = x_mean + n.channels;
       // BatchNormImplBase::forward's factor, then ATen 1.13's CPU update
-      // (batch_norm_cpu_update_stats_template, contiguous or channels-last
-      // input alike): the factor rounded to float, the mean blended in
-      // float, the unbiased variance (a float) blended in double, both
-      // stored as float.
+      // (contiguous or channels-last input alike), which the fused
+      // channels-last layers (services/resnet.cc) make too.
       ++count;
       const double factor =
           n.options->momentum().value_or(1.0 / static_cast<double>(count));
-      const float m = static_cast<float>(factor);
-      for (int64_t c = 0; c < n.channels; ++c) {
-        rm[c] = m * x_mean[c] + (1 - m) * rm[c];
-        rv[c] = static_cast<float>(static_cast<double>(m) *
-                                       static_cast<double>(x_var[c]) +
-                                   (1 - m) * rv[c]);
-      }
+      BlendRunningStats(static_cast<float>(factor), x_mean, x_var, n.channels,
+                        rm, rv);
     }
     n.mean->copy_(mean);
     n.var->copy_(var);

@@ -8,13 +8,204 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "services/models_internal.h"
+#include "services/norm_kernels.h"
 
 namespace interlock {
 namespace models_internal {
 namespace {
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr auto kChannelsLast = at::MemoryFormat::ChannelsLast;
+// Channels per task and rows per task of the fused layer's loops on more
+// than one intra-op thread; each channel is summed in the same order
+// whatever the split.
+constexpr int64_t kChannelGrain = 16;
+constexpr int64_t kRowGrain = 1024;
+
+float* Floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
+
+// Training-mode BatchNorm, then the residual sum (if any), then ReLU, in two
+// passes over a channels-last float tensor forward and two backward, where
+// LibTorch's BatchNorm, add and ReLU make about six and eight
+// (services/norm_kernels.h). Its statistics are
+// summed in another order than ATen's, so a channels-last config trains to
+// other bits than a contiguous one; every engine and topology still agree.
+struct BatchNormReluFunction
+    : public torch::autograd::Function<BatchNormReluFunction> {
+  // residual: an empty tensor when there is none (a custom function's
+  // inputs must be defined). factor: the running statistics'
+  // update factor (BatchNormImplBase::forward's).
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& residual,
+                               const torch::Tensor& weight,
+                               const torch::Tensor& bias,
+                               torch::Tensor running_mean,
+                               torch::Tensor running_var, double factor,
+                               double eps) {
+    const int64_t c = x.size(1);
+    const int64_t rows = x.numel() / c;
+    std::vector<double> mean(c), var(c);
+    at::parallel_for(0, c, kChannelGrain, [&](int64_t c0, int64_t c1) {
+      ChannelMoments(Floats(x), rows, c, c0, c1, mean.data(), var.data());
+    });
+    const auto opts = torch::TensorOptions().dtype(torch::kFloat32);
+    torch::Tensor save_mean = torch::empty({c}, opts);
+    torch::Tensor invstd = torch::empty({c}, opts);
+    torch::Tensor scale = torch::empty({c}, opts);
+    torch::Tensor shift = torch::empty({c}, opts);
+    torch::Tensor unbiased = torch::empty({c}, opts);
+    const float* w = Floats(weight);
+    const float* b = Floats(bias);
+    float* pm = Floats(save_mean);
+    float* pi = Floats(invstd);
+    float* psc = Floats(scale);
+    float* psh = Floats(shift);
+    float* pu = Floats(unbiased);
+    for (int64_t j = 0; j < c; ++j) {
+      const double inv = 1.0 / std::sqrt(var[j] + eps);
+      pm[j] = static_cast<float>(mean[j]);
+      pi[j] = static_cast<float>(inv);
+      psc[j] = static_cast<float>(w[j] * inv);
+      psh[j] = static_cast<float>(b[j] - mean[j] * w[j] * inv);
+      pu[j] = static_cast<float>(var[j] * static_cast<double>(rows) /
+                                 static_cast<double>(rows - 1));
+    }
+    BlendRunningStats(static_cast<float>(factor), Floats(save_mean),
+                      Floats(unbiased), c, Floats(running_mean),
+                      Floats(running_var));
+    torch::Tensor y = torch::empty_like(x, kChannelsLast);
+    const bool has_residual = residual.numel() > 0;
+    const float* r = has_residual ? Floats(residual) : nullptr;
+    at::parallel_for(0, rows, kRowGrain, [&](int64_t r0, int64_t r1) {
+      ScaleShiftRelu(Floats(x), r, r0, r1, c, Floats(scale), Floats(shift),
+                     Floats(y));
+    });
+    ctx->saved_data["residual"] = has_residual;
+    ctx->saved_data["mean"] = save_mean;
+    ctx->saved_data["invstd"] = invstd;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["shift"] = shift;
+    // With a residual the ReLU's mask is read from the output; without one
+    // it is recomputed from x, which saves reading a tensor.
+    if (has_residual) {
+      ctx->save_for_backward({x, weight, y});
+    } else {
+      ctx->save_for_backward({x, weight});
+    }
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(8);
+    if (!grads[0].defined()) return out;
+    const bool has_residual = ctx->saved_data["residual"].toBool();
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& weight = saved[1];
+    const float* y = has_residual ? Floats(saved[2]) : nullptr;
+    const torch::Tensor mean = ctx->saved_data["mean"].toTensor();
+    const torch::Tensor invstd = ctx->saved_data["invstd"].toTensor();
+    const torch::Tensor scale = ctx->saved_data["scale"].toTensor();
+    const torch::Tensor shift = ctx->saved_data["shift"].toTensor();
+    const torch::Tensor dy = grads[0].contiguous(kChannelsLast);
+    const bool need_x = ctx->needs_input_grad(0);
+    const bool need_r = has_residual && ctx->needs_input_grad(1);
+    const int64_t c = x.size(1);
+    const int64_t rows = x.numel() / c;
+    // With a residual, g (dy where the ReLU passed) is the residual's
+    // gradient and the input of the second pass.
+    torch::Tensor g;
+    if (has_residual && (need_x || need_r)) {
+      g = torch::empty_like(x, kChannelsLast);
+    }
+    std::vector<double> sum_g(c), sum_gx(c);
+    at::parallel_for(0, c, kChannelGrain, [&](int64_t c0, int64_t c1) {
+      ReluNormGradSums(Floats(dy), Floats(x), y, Floats(scale), Floats(shift),
+                       rows, c, c0, c1, Floats(mean),
+                       g.defined() ? Floats(g) : nullptr, sum_g.data(),
+                       sum_gx.data());
+    });
+    const auto opts = torch::TensorOptions().dtype(torch::kFloat32);
+    const float* w = Floats(weight);
+    const float* inv = Floats(invstd);
+    if (ctx->needs_input_grad(2)) {
+      out[2] = torch::empty({c}, opts);
+      float* dw = Floats(out[2]);
+      for (int64_t j = 0; j < c; ++j) {
+        dw[j] = static_cast<float>(sum_gx[j] * inv[j]);
+      }
+    }
+    if (ctx->needs_input_grad(3)) {
+      out[3] = torch::empty({c}, opts);
+      float* db = Floats(out[3]);
+      for (int64_t j = 0; j < c; ++j) db[j] = static_cast<float>(sum_g[j]);
+    }
+    if (need_x) {
+      // dx = w * invstd * (g - mean(g) - (x - mean) * invstd^2 *
+      // mean(g * (x - mean))), per channel a * g + b * (x - mean) + k.
+      torch::Tensor a = torch::empty({c}, opts);
+      torch::Tensor b = torch::empty({c}, opts);
+      torch::Tensor k = torch::empty({c}, opts);
+      float* pa = Floats(a);
+      float* pb = Floats(b);
+      float* pk = Floats(k);
+      const double n = static_cast<double>(rows);
+      for (int64_t j = 0; j < c; ++j) {
+        const double wi = static_cast<double>(w[j]) * inv[j];
+        pa[j] = static_cast<float>(wi);
+        pb[j] = static_cast<float>(-wi * inv[j] * inv[j] * sum_gx[j] / n);
+        pk[j] = static_cast<float>(-wi * sum_g[j] / n);
+      }
+      out[0] = torch::empty_like(x, kChannelsLast);
+      const float* src = g.defined() ? Floats(g) : Floats(dy);
+      const float* sc = g.defined() ? nullptr : Floats(scale);
+      at::parallel_for(0, rows, kRowGrain, [&](int64_t r0, int64_t r1) {
+        NormInputGrad(src, Floats(x), sc, Floats(shift), r0, r1, c,
+                      Floats(mean), pa, pb, pk, Floats(out[0]));
+      });
+    }
+    if (need_r) out[1] = g;
+    return out;
+  }
+};
+
+// relu(bn(x) (+ residual)): fused where the model computes channels-last
+// and the layer trains with affine running statistics, else LibTorch's
+// modules. The fused path keeps BatchNormImplBase::forward's bookkeeping.
+torch::Tensor BatchNormRelu(bool fuse, nn::BatchNorm2d& bn,
+                            const torch::Tensor& x,
+                            const torch::Tensor& residual = {}) {
+  const auto& o = bn->options;
+  if (!fuse || !bn->is_training() || !o.affine() || !o.track_running_stats() ||
+      !x.device().is_cpu() || x.scalar_type() != torch::kFloat32 ||
+      x.dim() != 4 || bn->weight.scalar_type() != torch::kFloat32 ||
+      bn->running_mean.scalar_type() != torch::kFloat32 ||
+      x.numel() <= x.size(1) || !bn->num_batches_tracked.defined()) {
+    torch::Tensor out = bn(x);
+    if (residual.defined()) out = out + residual;
+    return torch::relu(out);
+  }
+  double factor;
+  {
+    torch::NoGradGuard no_grad;
+    bn->num_batches_tracked += 1;
+    factor = o.momentum().has_value()
+                 ? *o.momentum()
+                 : 1.0 / bn->num_batches_tracked.item<double>();
+  }
+  const torch::Tensor r = residual.defined()
+                              ? residual.contiguous(kChannelsLast)
+                              : torch::empty({0}, x.options());
+  return BatchNormReluFunction::apply(x.contiguous(kChannelsLast), r,
+                                      bn->weight, bn->bias, bn->running_mean,
+                                      bn->running_var, factor, o.eps());
+}
+
 struct BasicBlockImpl : nn::Module {
-  BasicBlockImpl(int64_t in, int64_t planes, int64_t stride) {
+  BasicBlockImpl(int64_t in, int64_t planes, int64_t stride, bool fuse)
+      : fuse(fuse) {
     conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, planes, 3)
                                                     .stride(stride)
                                                     .padding(1)
@@ -35,11 +226,11 @@ struct BasicBlockImpl : nn::Module {
     }
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto out = torch::relu(bn1(conv1(x)));
-    out = bn2(conv2(out));
-    out = out + (shortcut ? shortcut->forward(x) : x);
-    return torch::relu(out);
+    auto out = BatchNormRelu(fuse, bn1, conv1(x));
+    const auto residual = shortcut ? shortcut->forward(x) : x;
+    return BatchNormRelu(fuse, bn2, conv2(out), residual);
   }
+  bool fuse;
   nn::Conv2d conv1{nullptr}, conv2{nullptr};
   nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
   nn::Sequential shortcut{nullptr};
@@ -48,7 +239,8 @@ TORCH_MODULE(BasicBlock);
 
 struct BottleneckImpl : nn::Module {
   static constexpr int64_t kExpansion = 4;
-  BottleneckImpl(int64_t in, int64_t planes, int64_t stride) {
+  BottleneckImpl(int64_t in, int64_t planes, int64_t stride, bool fuse)
+      : fuse(fuse) {
     const int64_t out_planes = planes * kExpansion;
     conv1 = register_module(
         "conv1", nn::Conv2d(nn::Conv2dOptions(in, planes, 1).bias(false)));
@@ -73,12 +265,12 @@ struct BottleneckImpl : nn::Module {
     }
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto out = torch::relu(bn1(conv1(x)));
-    out = torch::relu(bn2(conv2(out)));
-    out = bn3(conv3(out));
-    out = out + (shortcut ? shortcut->forward(x) : x);
-    return torch::relu(out);
+    auto out = BatchNormRelu(fuse, bn1, conv1(x));
+    out = BatchNormRelu(fuse, bn2, conv2(out));
+    const auto residual = shortcut ? shortcut->forward(x) : x;
+    return BatchNormRelu(fuse, bn3, conv3(out), residual);
   }
+  bool fuse;
   nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
   nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
   nn::Sequential shortcut{nullptr};
@@ -87,15 +279,16 @@ TORCH_MODULE(Bottleneck);
 
 // Conv3x3 + BatchNorm + ReLU stem fitted to the input channels.
 struct StemImpl : nn::Module {
-  StemImpl(int64_t in, int64_t out) {
+  StemImpl(int64_t in, int64_t out, bool fuse) : fuse(fuse) {
     conv = register_module(
         "conv",
         nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).bias(false)));
     bn = register_module("bn", nn::BatchNorm2d(out));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    return torch::relu(bn(conv(x)));
+    return BatchNormRelu(fuse, bn, conv(x));
   }
+  bool fuse;
   nn::Conv2d conv{nullptr};
   nn::BatchNorm2d bn{nullptr};
 };
@@ -168,7 +361,10 @@ absl::StatusOr<std::vector<Unit>> ResNetUnits(
   std::vector<Unit> units;
   const int64_t stem = r.stem_planes() > 0 ? r.stem_planes() : stages[0].first;
   Shape s{Shape::kImage, stem, data.height, data.width};
-  units.push_back({nn::AnyModule(Stem(data.channels, stem)), s});
+  // Channels-last models train BatchNorm and ReLU fused.
+  const bool fuse =
+      r.memory_format() == interlock::v1::ResNetSpec::CHANNELS_LAST;
+  units.push_back({nn::AnyModule(Stem(data.channels, stem, fuse)), s});
   int64_t in = stem;
   for (size_t i = 0; i < stages.size(); ++i) {
     for (int64_t b = 0; b < stages[i].second; ++b) {
@@ -179,10 +375,12 @@ absl::StatusOr<std::vector<Unit>> ResNetUnits(
         s.w = (s.w + 1) / 2;
       }
       if (type == "basic") {
-        units.push_back({nn::AnyModule(BasicBlock(in, planes, stride)), s});
+        units.push_back(
+            {nn::AnyModule(BasicBlock(in, planes, stride, fuse)), s});
         in = planes;
       } else {
-        units.push_back({nn::AnyModule(Bottleneck(in, planes, stride)), s});
+        units.push_back(
+            {nn::AnyModule(Bottleneck(in, planes, stride, fuse)), s});
         in = planes * BottleneckImpl::kExpansion;
       }
       units.back().out.c = in;
