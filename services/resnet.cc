@@ -72,9 +72,8 @@ struct BatchNormReluFunction
       pu[j] = static_cast<float>(var[j] * static_cast<double>(rows) /
                                  static_cast<double>(rows - 1));
     }
-    BlendRunningStats(static_cast<float>(factor), Floats(save_mean),
-                      Floats(unbiased), c, Floats(running_mean),
-                      Floats(running_var));
+    BlendRunningStats(static_cast<float>(factor), pm, pu, c,
+                      Floats(running_mean), Floats(running_var));
     torch::Tensor y = torch::empty_like(x, kChannelsLast);
     const bool has_residual = residual.numel() > 0;
     const float* r = has_residual ? Floats(residual) : nullptr;
