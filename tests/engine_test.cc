@@ -412,6 +412,82 @@ TEST(Schedules, LearningRates) {
   EXPECT_NEAR(LearningRateAt(s, 12, 12), 0.0, 1e-9);
 }
 
+// Our SGD step adds the weight decay and Nesterov terms into the gradient in
+// place; parameters and momentum must stay bitwise LibTorch's, for
+// channels-last and contiguous parameters and gradients, odd sizes (vector
+// tails) and a parameter without a gradient in one step.
+TEST(Optimizer, SgdStepIsBitwiseLibTorchs) {
+  struct Case {
+    double momentum, weight_decay;
+    bool nesterov;
+  };
+  for (const Case& c : {Case{0.9, 5e-4, true}, Case{0.9, 1e-4, false},
+                        Case{0.0, 1e-3, false}, Case{0.0, 0.0, false}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "momentum " << c.momentum << " wd " << c.weight_decay
+                 << " nesterov " << c.nesterov);
+    torch::manual_seed(11);
+    const std::vector<std::vector<int64_t>> shapes = {
+        {16, 3, 3, 3}, {37}, {5, 7}, {24, 16, 1, 1}};
+    std::vector<torch::Tensor> ref, ours;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      torch::Tensor t = torch::randn(shapes[i]);
+      if (t.dim() == 4) t = t.contiguous(torch::MemoryFormat::ChannelsLast);
+      ref.push_back(t.clone().set_requires_grad(true));
+      ours.push_back(t.clone().set_requires_grad(true));
+    }
+    torch::optim::SGD sgd(ref, torch::optim::SGDOptions(0.1)
+                                   .momentum(c.momentum)
+                                   .nesterov(c.nesterov)
+                                   .weight_decay(c.weight_decay));
+    interlock::v1::OptimizerSpec spec;
+    spec.set_kind(interlock::v1::OptimizerSpec::SGD);
+    spec.set_momentum(c.momentum);
+    spec.set_nesterov(c.nesterov);
+    spec.set_weight_decay(c.weight_decay);
+    auto opt = Optimizer::Create(spec, ours);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    for (int step = 0; step < 4; ++step) {
+      const double lr = 0.05 * (step + 1);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        if (step == 1 && i == 2) continue;  // no gradient this step
+        torch::Tensor g = torch::randn(shapes[i]);
+        // Gradients in the other layout than their parameter, at times.
+        if (g.dim() == 4 && step % 2 == 0) {
+          g = g.contiguous(torch::MemoryFormat::ChannelsLast);
+        }
+        ref[i].mutable_grad() = g.clone();
+        ours[i].mutable_grad() = g.clone();
+      }
+      static_cast<torch::optim::SGDOptions&>(sgd.param_groups().at(0).options())
+          .lr(lr);
+      sgd.step();
+      (*opt)->Step(lr);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        ref[i].mutable_grad().reset();
+      }
+      (*opt)->ZeroGrad();
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        ASSERT_TRUE(torch::equal(ref[i], ours[i]))
+            << "parameter " << i << " after step " << step;
+        ASSERT_EQ(ref[i].strides(), ours[i].strides()) << i;
+      }
+    }
+    // The momentum buffers, as checkpoints save them.
+    auto ref_opt = Optimizer::Create(spec, ref);
+    ASSERT_TRUE(ref_opt.ok());
+    (*ref_opt)->impl().state() = std::move(sgd.state());
+    auto want = (*ref_opt)->StateTensors();
+    auto got = (*opt)->StateTensors();
+    ASSERT_EQ(want.size(), c.momentum != 0 ? shapes.size() : 0u);
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, t] : want) {
+      ASSERT_TRUE(got.count(name)) << name;
+      EXPECT_TRUE(torch::equal(t, got.at(name))) << name;
+    }
+  }
+}
+
 TEST(Training, LossGoesDownAndEvalCoversEveryHead) {
   RunConfig c = Parse(kResNet);
   c.mutable_training()->set_mode(interlock::v1::TrainingSpec::INTERLOCK);

@@ -32,7 +32,11 @@
 # Settings (environment variables):
 #   STEPS=30     optimizer steps of the long run
 #   ROUNDS=3     rounds
-#   WARMUP=5     optimizer steps of the short run (left out of the timing)
+#   WARMUP=8     optimizer steps of the short run (left out of the timing):
+#                at one micro-batch per step they hold the micro-batches
+#                4-6 at which each block times its three kinds of backward
+#                pass once for the virtual clock (services/calibration.h),
+#                a start-up cost the Python script does not have
 #   MODES="e2e 1 2 3"   e2e, n (FURTHEST rule) or nsum (SUM rule)
 #   CONFIG=configs/bench/resnet_ref_k4.pbtxt
 #   INTERLOCK=build/coordinator/interlock
@@ -54,7 +58,7 @@ cd "$(dirname "$0")/../.."
 
 STEPS=${STEPS:-30}
 ROUNDS=${ROUNDS:-3}
-WARMUP=${WARMUP:-5}
+WARMUP=${WARMUP:-8}
 MODES=${MODES:-"e2e 1 2 3"}
 CONFIG=${CONFIG:-configs/bench/resnet_ref_k4.pbtxt}
 INTERLOCK=${INTERLOCK:-build/coordinator/interlock}
