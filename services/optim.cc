@@ -182,10 +182,6 @@ absl::Status Optimizer::LoadStateTensors(
 }
 
 void Optimizer::Step(double lr) {
-  if (kind_ == OptimizerSpec::SGD) {
-    StepSgd(lr);
-    return;
-  }
   for (auto& group : impl_->param_groups()) {
     switch (kind_) {
       case OptimizerSpec::ADAM:
@@ -199,47 +195,6 @@ void Optimizer::Step(double lr) {
     }
   }
   impl_->step();
-}
-
-// torch::optim::SGD::step (LibTorch 1.13) with its two out-of-place sums,
-// the weight decay term and the Nesterov term, added into the gradient in
-// place: the same ATen kernels on the same values give the same bits
-// (tests/engine_test.cc checks against torch::optim::SGD), without two
-// fresh tensors and passes per parameter and step. The gradient is dropped
-// right after (ZeroGrad), so nobody sees it changed.
-void Optimizer::StepSgd(double lr) {
-  torch::NoGradGuard no_grad;
-  auto& state = impl_->state();
-  for (auto& group : impl_->param_groups()) {
-    auto& o = static_cast<torch::optim::SGDOptions&>(group.options());
-    o.lr(lr);
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      torch::Tensor d_p = p.grad().data();
-      if (o.weight_decay() != 0) d_p.add_(p.data(), o.weight_decay());
-      if (o.momentum() != 0) {
-        const std::string key = StateKey(p);
-        auto it = state.find(key);
-        torch::Tensor buf;
-        if (it == state.end()) {
-          buf = torch::clone(d_p).detach();
-          auto st = std::make_unique<torch::optim::SGDParamState>();
-          st->momentum_buffer(buf);
-          state[key] = std::move(st);
-        } else {
-          buf = static_cast<torch::optim::SGDParamState&>(*it->second)
-                    .momentum_buffer();
-          buf.mul_(o.momentum()).add_(d_p, 1 - o.dampening());
-        }
-        if (o.nesterov()) {
-          d_p.add_(buf, o.momentum());
-        } else {
-          d_p = buf;
-        }
-      }
-      p.data().add_(d_p, -1 * o.lr());
-    }
-  }
 }
 
 void Optimizer::ZeroGrad() {

@@ -44,7 +44,6 @@ class Optimizer {
   explicit Optimizer(std::unique_ptr<torch::optim::Optimizer> impl,
                      interlock::v1::OptimizerSpec::Kind kind)
       : impl_(std::move(impl)), kind_(kind) {}
-  void StepSgd(double lr);
   std::unique_ptr<torch::optim::Optimizer> impl_;
   interlock::v1::OptimizerSpec::Kind kind_;
 };
