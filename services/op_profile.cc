@@ -142,7 +142,8 @@ std::string FormatOpProfile(const OpProfileResult& r, const std::string& title,
   absl::StrAppendFormat(
       &out,
       "%d steps; %.4f s wall per step, %.1f %% of it inside LibTorch "
-      "operations (the rest: the engine's own code between them).\n\n",
+      "operations and interlock::batch_norm_relu, the forward of our fused "
+      "layers (the rest: the engine's own code between them).\n\n",
       steps, r.wall_seconds * per,
       r.wall_seconds > 0 ? 100.0 * r.in_ops_seconds / r.wall_seconds : 0.0);
   out +=

@@ -1,5 +1,7 @@
 // ResNet: a stem, basic or bottleneck residual blocks and a classifier, each
 // one unit.
+#include <ATen/record_function.h>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +46,10 @@ struct BatchNormReluFunction
                                torch::Tensor running_mean,
                                torch::Tensor running_var, double factor,
                                double eps) {
+    // Named for `train --profile-ops`: the loops run outside any LibTorch
+    // operation.
+    RECORD_FUNCTION("interlock::batch_norm_relu",
+                    c10::ArrayRef<const c10::IValue>());
     const int64_t c = x.size(1);
     const int64_t rows = x.numel() / c;
     std::vector<double> mean(c), var(c);
