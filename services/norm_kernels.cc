@@ -15,12 +15,13 @@ constexpr int64_t kRun = 32;
 // channel count) for the widths our models have, 0 standing for any other:
 // a width known at compile time unrolls the per-row loop into whole vectors
 // and keeps short accumulators in registers, and restrict-qualified
-// parameters spare the per-row aliasing checks; both cost more than the
-// arithmetic on rows of 16-64 channels. Every instantiation performs the
-// same operations in the same order per value, so the bits do not depend on
-// which one runs. Inlined into the exported functions, so that their AVX2
-// clone compiles them for AVX2. Width 16 only for the backward's loops: the
-// forward's two ran three times slower with it (GCC 12, 65536 rows).
+// parameters spare the per-row aliasing checks (the fused backward of a
+// ResNet step took 0.77x the time, docs/BENCHMARKS.md). Every instantiation
+// performs the same operations in the same order per value, so the bits do
+// not depend on which one runs (tests/fused_norm_test.cc). Inlined into the
+// exported functions, so that their AVX2 clone compiles them for AVX2. Width 16
+// only for the backward's loops: the forward's two ran three times slower with
+// it (GCC 12, 65536 rows).
 #define INTERLOCK_ALWAYS_INLINE inline __attribute__((always_inline))
 #define INTERLOCK_WIDTH_CASES(CALL) \
   case 32:                          \

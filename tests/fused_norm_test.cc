@@ -4,7 +4,7 @@
 // every gradient, the running statistics and their counters, for basic and
 // bottleneck blocks; partial backward passes (parameters only, input only)
 // must give the full pass's values; and the bits must not depend on how the
-// channels are split over threads.
+// channels are split over threads, nor on which width's loop runs.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -240,6 +240,88 @@ TEST(FusedNorm, SumsDoNotDependOnTheChannelSplit) {
   EXPECT_TRUE(torch::equal(out1, out2));
   EXPECT_TRUE(
       torch::equal(out1, torch::where(y > 0, dy, torch::zeros_like(dy))));
+}
+
+// The loops have fixed-width versions for 16, 32, 64 and 128 channels
+// (services/norm_kernels.cc) and a general one: per channel they must give
+// the general loop's bits (a split into odd ranges runs the general one), and
+// the per-row loops the plain expression's bits (computed here value by
+// value; the test is built without FMA, so nothing is contracted).
+TEST(FusedNorm, FixedWidthLoopsGiveTheGeneralLoopsBits) {
+  constexpr int64_t kRows = 300;
+  for (const int64_t c : {16, 32, 64, 128}) {
+    SCOPED_TRACE(::testing::Message() << c << " channels");
+    torch::manual_seed(c);
+    const torch::Tensor x = torch::randn({kRows, c}) * 2 + 1;
+    const torch::Tensor dy = torch::randn({kRows, c});
+    const torch::Tensor res = torch::randn({kRows, c});
+    const torch::Tensor mean = x.mean(0);
+    const torch::Tensor scale = torch::randn({c});
+    const torch::Tensor shift = torch::randn({c});
+    const torch::Tensor a = torch::randn({c}), b = torch::randn({c}),
+                        k = torch::randn({c});
+    const float* px = x.data_ptr<float>();
+    const float* pdy = dy.data_ptr<float>();
+    const float* psc = scale.data_ptr<float>();
+    const float* psh = shift.data_ptr<float>();
+    const float* pmu = mean.data_ptr<float>();
+    const std::vector<std::pair<int64_t, int64_t>> odd = {
+        {0, 5}, {5, 6}, {6, c - 3}, {c - 3, c}};
+
+    std::vector<double> m1(c), v1(c), m2(c), v2(c);
+    ChannelMoments(px, kRows, c, 0, c, m1.data(), v1.data());
+    for (const auto& [c0, c1] : odd) {
+      ChannelMoments(px, kRows, c, c0, c1, m2.data(), v2.data());
+    }
+    EXPECT_EQ(m1, m2);
+    EXPECT_EQ(v1, v2);
+
+    torch::Tensor y = torch::empty_like(x);
+    ScaleShiftRelu(px, res.data_ptr<float>(), 0, kRows, c, psc, psh,
+                   y.data_ptr<float>());
+    torch::Tensor y_plain = torch::empty_like(x);
+    torch::Tensor dx = torch::empty_like(x), dx_plain = torch::empty_like(x);
+    NormInputGrad(pdy, px, psc, psh, 0, kRows, c, pmu, a.data_ptr<float>(),
+                  b.data_ptr<float>(), k.data_ptr<float>(),
+                  dx.data_ptr<float>());
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t j = 0; j < c; ++j) {
+        const int64_t i = r * c + j;
+        float z = px[i] * psc[j];
+        z = z + psh[j];
+        const float pre = z;
+        z = z + res.data_ptr<float>()[i];
+        y_plain.data_ptr<float>()[i] = z <= 0.0f ? 0.0f : z;
+        const float g = pre <= 0.0f ? 0.0f : pdy[i];
+        float d = g * a.data_ptr<float>()[j];
+        float e = px[i] - pmu[j];
+        e = e * b.data_ptr<float>()[j];
+        d = d + e;
+        dx_plain.data_ptr<float>()[i] = d + k.data_ptr<float>()[j];
+      }
+    }
+    EXPECT_TRUE(torch::equal(y, y_plain));
+    EXPECT_TRUE(torch::equal(dx, dx_plain));
+
+    for (const bool with_y : {true, false}) {
+      std::vector<double> g1(c), q1(c), g2(c), q2(c);
+      torch::Tensor out1 = torch::empty_like(x), out2 = torch::empty_like(x);
+      const float* py = with_y ? y.data_ptr<float>() : nullptr;
+      ReluNormGradSums(pdy, px, py, psc, psh, kRows, c, 0, c, pmu,
+                       with_y ? out1.data_ptr<float>() : nullptr, g1.data(),
+                       q1.data());
+      for (const auto& [c0, c1] : odd) {
+        ReluNormGradSums(pdy, px, py, psc, psh, kRows, c, c0, c1, pmu,
+                         with_y ? out2.data_ptr<float>() : nullptr, g2.data(),
+                         q2.data());
+      }
+      EXPECT_EQ(g1, g2) << "with y " << with_y;
+      EXPECT_EQ(q1, q2) << "with y " << with_y;
+      if (with_y) {
+        EXPECT_TRUE(torch::equal(out1, out2));
+      }
+    }
+  }
 }
 
 // ReLU lets NaN through, as LibTorch's does, so a diverged activation is
