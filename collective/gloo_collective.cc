@@ -3,7 +3,10 @@
 #include "collective/gloo_collective.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -56,6 +59,17 @@ class GlooCollective : public Collective {
         size_(size),
         timeout_(timeout) {}
 
+  ~GlooCollective() override {
+    std::lock_guard<std::mutex> l(signal_->mu);
+    if (signal_->in_flight) {
+      // The process group's destructor joins Gloo's thread, which stays in
+      // the abandoned operation until Gloo's own timeout: let it run out
+      // on its own rather than hold whoever destroys this (the worker's
+      // executor, reconfiguring) that long. One group per abandonment.
+      new c10::intrusive_ptr<c10d::ProcessGroupGloo>(std::move(pg_));
+    }
+  }
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
@@ -65,14 +79,44 @@ class GlooCollective : public Collective {
       return absl::InvalidArgumentError(absl::StrCat(
           name_, ": all-reduce needs a defined, contiguous CPU tensor"));
     }
+    {
+      std::lock_guard<std::mutex> l(signal_->mu);
+      if (signal_->abandoned) return broken_ = Abandoned();
+    }
     try {
       std::vector<at::Tensor> tensors{t};
       c10d::AllreduceOptions opts;
       opts.reduceOp = c10d::ReduceOp::SUM;
       opts.timeout = timeout_;
       auto work = pg_->allreduce(tensors, opts);
-      // Gloo's own timeout (the group's) normally fires first; this bounds
-      // the wait even if it does not.
+      // Waits for the operation to end or for Abandon, whichever comes
+      // first (the callback, run at once if it has ended already, keeps
+      // the signal alive past this call).
+      {
+        std::lock_guard<std::mutex> l(signal_->mu);
+        signal_->in_flight = true;
+      }
+      std::shared_ptr<Signal> signal = signal_;
+      work->getFuture()->addCallback([signal](c10::ivalue::Future&) {
+        std::lock_guard<std::mutex> l(signal->mu);
+        signal->in_flight = false;
+        signal->cv.notify_all();
+      });
+      {
+        std::unique_lock<std::mutex> l(signal_->mu);
+        // Gloo's own timeout (the group's) normally ends the operation
+        // first; this bounds the wait even if it does not.
+        signal_->cv.wait_for(l, timeout_, [&] {
+          return !signal_->in_flight || signal_->abandoned;
+        });
+        if (signal_->in_flight) {
+          return broken_ = signal_->abandoned
+                               ? Abandoned()
+                               : absl::DeadlineExceededError(absl::StrCat(
+                                     name_, ": all-reduce timed out"));
+        }
+      }
+      // Ended: its error, if any.
       work->wait(timeout_);
     } catch (...) {
       // The members' call sequences no longer match: nothing later on this
@@ -83,13 +127,34 @@ class GlooCollective : public Collective {
     return absl::OkStatus();
   }
 
+  void Abandon() override {
+    std::lock_guard<std::mutex> l(signal_->mu);
+    signal_->abandoned = true;
+    signal_->cv.notify_all();
+  }
+
  private:
+  // Shared with the completion callback of the operation in flight, which
+  // may run after an abandoned call (or this group) is gone.
+  struct Signal {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool in_flight = false;
+    bool abandoned = false;
+  };
+
+  absl::Status Abandoned() const {
+    return absl::UnavailableError(
+        absl::StrCat(name_, ": all-reduce abandoned (block reconfigured)"));
+  }
+
   const std::string name_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
   absl::Status broken_;
+  const std::shared_ptr<Signal> signal_ = std::make_shared<Signal>();
 };
 
 }  // namespace

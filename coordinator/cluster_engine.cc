@@ -221,7 +221,7 @@ class ClusterEngine : public Engine {
   }
 
   absl::Status Recover(absl::Duration timeout) override {
-    CloseStream();
+    CloseStream(/*drain=*/false);
     {
       std::lock_guard<std::mutex> l(mu_);
       error_ = absl::OkStatus();
@@ -276,7 +276,7 @@ class ClusterEngine : public Engine {
 
   absl::StatusOr<int64_t> RecoverFromReplicas(int64_t accounted) override {
     if (!elastic_) return absl::UnimplementedError("no replicas");
-    CloseStream();
+    CloseStream(/*drain=*/false);
     std::set<std::string> dead;
     int64_t from = 0;
     {
@@ -570,13 +570,23 @@ class ClusterEngine : public Engine {
 
   // Ends the data stream (half-close, cancelled if it does not end) and the
   // control streams, and waits until gRPC is done with them: their
-  // handlers point at this engine.
-  void CloseStream() {
+  // handlers point at this engine. After a failure (`drain` false) the
+  // data stream is cancelled at once: every block goes back to a state it
+  // kept, so nothing in flight is wanted, and a replica of block 0 that
+  // hangs (stopped, not dead) would hold the half-close for the whole grace
+  // period.
+  void CloseStream(bool drain = true) {
     {
       std::lock_guard<std::mutex> l(mu_);
       closing_ = true;
     }
-    for (auto& s : streams_) s->CloseWrites();
+    for (auto& s : streams_) {
+      if (drain) {
+        s->CloseWrites();
+      } else {
+        s->Cancel();
+      }
+    }
     for (auto& c : controls_) c->Cancel();
     std::unique_lock<std::mutex> l(mu_);
     auto done = [&] {

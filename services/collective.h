@@ -21,6 +21,11 @@ class Collective {
   // Every member must make the same calls in the same order. A member that
   // is gone or too slow makes it fail with an error (never hang).
   virtual absl::Status AllReduceSum(torch::Tensor& t) = 0;
+  // Ends a reduction in progress, and fails every later one, at once: the
+  // caller is being reconfigured into a new group, and a peer that hangs
+  // (stopped, not dead) would otherwise hold it until the timeout. Safe
+  // from any thread. The abandoned call's tensor is garbage afterwards.
+  virtual void Abandon() {}
 };
 
 }  // namespace interlock

@@ -446,6 +446,58 @@ TEST(Replicas, SilentPeerFailsTheStepWithinTheTimeout) {
   EXPECT_FALSE((*group)->AllReduceSum(t).ok()) << "a failed group stays failed";
 }
 
+// A peer that hangs (here: never reduces) holds a reduction until Gloo's
+// timeout; Abandon, called from another thread as a worker's Configure
+// does, ends it at once, and the group then refuses every later call.
+// Destroying the abandoned group does not wait for the operation either.
+TEST(Replicas, AbandonEndsAWaitingReductionAtOnce) {
+  auto server = StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string prefix = NextPrefix();
+  const absl::Duration timeout = absl::Seconds(60);
+  absl::Notification done;
+  std::thread silent([&] {
+    GlooOptions o{"127.0.0.1", (*server)->port(), prefix, 1, 2};
+    o.timeout = timeout;
+    o.rendezvous_timeout = timeout;
+    auto group = ConnectGloo(o);
+    EXPECT_TRUE(group.ok()) << group.status();
+    done.WaitForNotification();  // holds the group, never reduces
+  });
+  GlooOptions o{"127.0.0.1", (*server)->port(), prefix, 0, 2};
+  o.timeout = timeout;
+  o.rendezvous_timeout = timeout;
+  auto group = ConnectGloo(o);
+  ASSERT_TRUE(group.ok()) << group.status();
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status status;
+  std::thread reducer([&] {
+    torch::Tensor t = torch::ones({1024});
+    status = (*group)->AllReduceSum(t);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  (*group)->Abandon();
+  reducer.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_NE(status.message().find("abandoned"), std::string::npos) << status;
+  EXPECT_NE(status.message().find(prefix), std::string::npos) << status;
+  // Not the 60 s of the timeout: ended by Abandon.
+  EXPECT_LT(seconds, 20.0) << status;
+  torch::Tensor t = torch::zeros({4});
+  const absl::Status later = (*group)->AllReduceSum(t);
+  EXPECT_NE(later.message().find("abandoned"), std::string::npos) << later;
+  const auto t1 = std::chrono::steady_clock::now();
+  group->reset();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1)
+                .count(),
+            20.0);
+  done.Notify();
+  silent.join();
+}
+
 TEST(Replicas, MissingMemberFailsTheRendezvousWithinTheTimeout) {
   auto server = StoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(server.ok()) << server.status();

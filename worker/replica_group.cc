@@ -24,21 +24,44 @@ class LazyGroup : public Collective {
   absl::Status AllReduceSum(torch::Tensor& t) override {
     std::lock_guard<std::mutex> l(mu_);
     if (!failed_.ok()) return failed_;
-    if (!group_) {
+    std::shared_ptr<Collective> group;
+    {
+      std::lock_guard<std::mutex> g(group_mu_);
+      if (abandoned_) {
+        return failed_ = absl::UnavailableError(absl::StrCat(
+                   "gloo group '", options_.prefix, "' abandoned"));
+      }
+      group = group_;
+    }
+    if (!group) {
+      // The rendezvous itself cannot be cut short: Abandon only stops the
+      // reductions after it.
       auto g = ConnectGloo(options_);
       if (!g.ok()) return failed_ = g.status();
-      group_ = *std::move(g);
+      group = *std::move(g);
+      std::lock_guard<std::mutex> gl(group_mu_);
+      group_ = group;
+      if (abandoned_) group->Abandon();
     }
-    absl::Status s = group_->AllReduceSum(t);
+    absl::Status s = group->AllReduceSum(t);
     if (!s.ok()) failed_ = s;
     return s;
   }
 
+  // Not under mu_, which a reduction in progress holds.
+  void Abandon() override {
+    std::lock_guard<std::mutex> g(group_mu_);
+    abandoned_ = true;
+    if (group_) group_->Abandon();
+  }
+
  private:
   const GlooOptions options_;
-  std::mutex mu_;
-  std::shared_ptr<Collective> group_;
+  std::mutex mu_;  // one reduction at a time
   absl::Status failed_;
+  std::mutex group_mu_;
+  std::shared_ptr<Collective> group_;  // guarded by group_mu_
+  bool abandoned_ = false;             // guarded by group_mu_
 };
 
 }  // namespace

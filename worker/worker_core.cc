@@ -4,6 +4,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "services/collective.h"
 #include "services/config.h"
 #include "services/digest.h"
 #include "services/models.h"
@@ -59,6 +60,10 @@ WorkerCore::WorkerCore(WorkerOptions options, WorkerMetrics* metrics,
 WorkerCore::~WorkerCore() { Shutdown(); }
 
 void WorkerCore::Shutdown() {
+  {
+    std::lock_guard<std::mutex> l(group_mu_);
+    if (live_group_.group) live_group_.group->Abandon();
+  }
   host_.Stop(BlockHost::StopMode::kAbandon);
   if (run_) run_->CloseLinks();
   run_.reset();
@@ -68,6 +73,14 @@ void WorkerCore::Shutdown() {
 void WorkerCore::Configure(
     const v1::ConfigureRequest& request,
     std::function<void(absl::StatusOr<v1::ConfigureResponse>)> done) {
+  {
+    // Only the run's own coordinator knows its id (refusals never tell it).
+    std::lock_guard<std::mutex> l(group_mu_);
+    if (live_group_.group && request.run_id() == live_group_.run_id &&
+        request.generation() > live_group_.generation) {
+      live_group_.group->Abandon();
+    }
+  }
   host_.Post(
       [this, request, done = std::move(done)] { done(DoConfigure(request)); });
 }
@@ -166,6 +179,10 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     if (old_control) old_control->Finish(ended);
     run_.reset();
     host_.set_driver(nullptr);
+  }
+  {
+    std::lock_guard<std::mutex> l(group_mu_);
+    live_group_ = LiveGroup();
   }
 
   ConfigureThreads(config.training().threads_per_block());
@@ -300,6 +317,10 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
             req.collective_address(),
             absl::StrCat(req.run_id(), "/", req.generation(), "/", req.block()),
             req.replica(), replicas, options_.collective_host));
+    {
+      std::lock_guard<std::mutex> l(group_mu_);
+      live_group_ = LiveGroup{req.run_id(), req.generation(), group};
+    }
     trainer->SetReplicas(std::move(group), config.training().reduction());
   }
   host_.set_driver(std::make_unique<BlockDriver>(std::move(trainer), cb,

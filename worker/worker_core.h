@@ -22,6 +22,8 @@
 
 namespace interlock {
 
+class Collective;
+
 // The upstream end of this block's incoming stream.
 class UpstreamSink {
  public:
@@ -203,6 +205,18 @@ class WorkerCore {
   };
   std::mutex snapshot_mu_;
   Snapshots snapshots_;  // guarded by snapshot_mu_
+
+  // The configured run's reduction group, reachable off the executor: a
+  // Configure of that run's next generation abandons the reduction in
+  // progress, which would otherwise hold the executor, and so the
+  // Configure, until Gloo's timeout when a peer replica hangs.
+  struct LiveGroup {
+    std::string run_id;
+    int64_t generation = 0;
+    std::shared_ptr<Collective> group;
+  };
+  std::mutex group_mu_;
+  LiveGroup live_group_;  // guarded by group_mu_
 
   // Every touch of the block and of run_ happens on its executor. Last:
   // it stops before the rest goes.

@@ -1,21 +1,24 @@
 #!/bin/bash
 # Membership timings on a real config (issue 12): a replica of block 1
-# joins, a replica of block 0 is killed (kill -9), the joined one leaves on
-# SIGTERM, in one cluster run started as 2,1,1,1 with ORDERED reduction.
+# joins, a replica of block 0 is killed (kill -9; FAIL=STOP: stopped, so it
+# hangs with its sockets open and only keepalive notices), the joined one
+# leaves on SIGTERM, in one cluster run started as 2,1,1,1 with ORDERED
+# reduction.
 # Per repeat it prints
 #   join:     worker launched -> serving (its port file written), ->
 #             "registered as" (Register answered)
 #             launched -> the coordinator's "topology changed" log line, i.e.
 #             the joiner configured, loaded and given the next step's traffic
-#   failure:  kill -9 -> the first step recorded after the fail-over
+#   failure:  kill -9 (or SIGSTOP) -> the first step recorded after the
+#             fail-over
 #   leave:    SIGTERM -> the worker's exit
 #   and the coordinator's own drain/change split for each change.
 # Times are polled every 20 ms, so each is an upper bound by about that.
 #
 #   bash tests/bench/elastic.sh [REPEATS]
-#   (env: BUILD, CONFIG, STEPS, M, EXTRA = more `interlock train` flags such
-#   as "--window 8": the drain before a change waits for every micro-batch
-#   in flight, 2 x K x M by default)
+#   (env: BUILD, CONFIG, STEPS, M, FAIL = KILL or STOP, EXTRA = more
+#   `interlock train` flags such as "--window 8": the drain before a change
+#   waits for every micro-batch in flight, 2 x K x M by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/bench/bench_lib.sh
@@ -23,6 +26,7 @@ BUILD=${BUILD:-build}
 CONFIG=${CONFIG:-configs/fmnist_resnet_k4.pbtxt}
 STEPS=${STEPS:-60}
 M=${M:-4}  # a block takes at most one replica per micro-batch
+FAIL=${FAIL:-KILL}
 REPEATS=${1:-3}
 CLI=$BUILD/coordinator/interlock
 WORKER=$BUILD/worker/interlock-worker
@@ -56,7 +60,8 @@ start_worker() {  # DIR I [FLAGS...]
 }
 addr() { echo "127.0.0.1:$(cat "$1/w$2.port")"; }
 
-echo "elastic.sh: $CONFIG, M=$M, $STEPS steps, 2,1,1,1 ${EXTRA:-}; $(nproc) cores," \
+echo "elastic.sh: $CONFIG, M=$M, $STEPS steps, 2,1,1,1, SIG$FAIL ${EXTRA:-};" \
+  "$(nproc) cores," \
   "load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$REPEATS"); do
   cli=
@@ -90,7 +95,7 @@ for r in $(seq "$REPEATS"); do
   n=$(($(lines "$m") + 5))
   wait_until at_least "$m" "$n"
   t=$(secs)
-  kill -9 "$(cat "$dir/w1.pid")"
+  kill -"$FAIL" "$(cat "$dir/w1.pid")"
   wait_until has "$dir/cli.log" "surviving replicas continue"
   n=$(lines "$m")
   wait_until at_least "$m" $((n + 1))
@@ -104,6 +109,7 @@ for r in $(seq "$REPEATS"); do
   left=$(since "$t")
 
   wait "$cli" || { echo "run failed:"; tail -5 "$dir/cli.log"; exit 1; }
+  kill -9 "$(cat "$dir/w1.pid")" 2>/dev/null || true  # if only stopped
   for i in 0 2 3 4; do kill "$(cat "$dir/w$i.pid")" 2>/dev/null || true; done
   wait 2>/dev/null || true
   step=$(python3 -c "
