@@ -111,7 +111,7 @@ for r in $(seq "$REPEATS"); do
   wait "$cli" || { echo "run failed:"; tail -5 "$dir/cli.log"; exit 1; }
   kill -9 "$(cat "$dir/w1.pid")" 2>/dev/null || true  # if only stopped
   for i in 0 2 3 4; do kill "$(cat "$dir/w$i.pid")" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  { wait; } 2>/dev/null || true  # also the shell's "Killed" notice
   step=$(python3 -c "
 import json, statistics
 w = [json.loads(l)['wall_seconds'] for l in open('$m')]
