@@ -17,8 +17,8 @@ namespace interlock {
 
 // Keepalive: a dead or frozen peer is noticed within about
 // kKeepaliveTimeMs + kKeepaliveTimeoutMs, not after TCP's minutes.
-constexpr int kKeepaliveTimeMs = 2000;
-constexpr int kKeepaliveTimeoutMs = 3000;
+constexpr int kKeepaliveTimeMs = 1000;
+constexpr int kKeepaliveTimeoutMs = 2000;
 
 // A channel to one peer with explicit message limits and keepalive, TLS when
 // `security` has certificates, and the bearer token on every call when it

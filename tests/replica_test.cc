@@ -24,6 +24,7 @@
 #include "services/runtime.h"
 #include "services/state_archive.h"
 #include "services/trainer.h"
+#include "worker/replica_group.h"
 
 namespace interlock {
 namespace {
@@ -446,6 +447,33 @@ TEST(Replicas, SilentPeerFailsTheStepWithinTheTimeout) {
   EXPECT_FALSE((*group)->AllReduceSum(t).ok()) << "a failed group stays failed";
 }
 
+// Starts a reduction on `group` in a thread, abandons the group from this
+// one 0.3 s later (as a worker's Configure of the next generation does),
+// and checks that the reduction ends as abandoned, well before `bound`
+// seconds, and that every later call is refused the same way.
+void ExpectAbandonEndsTheReduction(Collective& group, const std::string& prefix,
+                                   double bound) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status status;
+  std::thread reducer([&] {
+    torch::Tensor t = torch::ones({1024});
+    status = group.AllReduceSum(t);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  group.Abandon();
+  reducer.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_NE(status.message().find("abandoned"), std::string::npos) << status;
+  EXPECT_NE(status.message().find(prefix), std::string::npos) << status;
+  EXPECT_LT(seconds, bound) << status;
+  torch::Tensor t = torch::zeros({4});
+  const absl::Status later = group.AllReduceSum(t);
+  EXPECT_NE(later.message().find("abandoned"), std::string::npos) << later;
+}
+
 // A peer that hangs (here: never reduces) holds a reduction until Gloo's
 // timeout; Abandon, called from another thread as a worker's Configure
 // does, ends it at once, and the group then refuses every later call.
@@ -469,26 +497,8 @@ TEST(Replicas, AbandonEndsAWaitingReductionAtOnce) {
   o.rendezvous_timeout = timeout;
   auto group = ConnectGloo(o);
   ASSERT_TRUE(group.ok()) << group.status();
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::Status status;
-  std::thread reducer([&] {
-    torch::Tensor t = torch::ones({1024});
-    status = (*group)->AllReduceSum(t);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  (*group)->Abandon();
-  reducer.join();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
-  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
-  EXPECT_NE(status.message().find("abandoned"), std::string::npos) << status;
-  EXPECT_NE(status.message().find(prefix), std::string::npos) << status;
   // Not the 60 s of the timeout: ended by Abandon.
-  EXPECT_LT(seconds, 20.0) << status;
-  torch::Tensor t = torch::zeros({4});
-  const absl::Status later = (*group)->AllReduceSum(t);
-  EXPECT_NE(later.message().find("abandoned"), std::string::npos) << later;
+  ExpectAbandonEndsTheReduction(**group, prefix, 20.0);
   const auto t1 = std::chrono::steady_clock::now();
   group->reset();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1)
@@ -496,6 +506,23 @@ TEST(Replicas, AbandonEndsAWaitingReductionAtOnce) {
             20.0);
   done.Notify();
   silent.join();
+}
+
+// A block's group connects at its first reduction. A peer that never
+// comes, or that published its address and then died, holds that
+// rendezvous for Gloo's timeouts (the connect phase waits five times the
+// rendezvous timeout: 50 s); Abandon, as a worker's Configure of the next
+// generation calls it, ends the wait at once.
+TEST(Replicas, AbandonEndsARendezvousAtOnce) {
+  auto server = StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string prefix = NextPrefix();
+  auto group =
+      ReplicaGroup(absl::StrCat("127.0.0.1:", (*server)->port()), prefix,
+                   /*rank=*/0, /*size=*/2, "127.0.0.1");
+  ASSERT_TRUE(group.ok()) << group.status();
+  // Not the 10 s of the rendezvous timeout.
+  ExpectAbandonEndsTheReduction(**group, prefix, 5.0);
 }
 
 TEST(Replicas, MissingMemberFailsTheRendezvousWithinTheTimeout) {

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <condition_variable>
 #include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +13,18 @@
 
 namespace interlock {
 namespace {
+
+// A rendezvous in progress. It runs on a thread of its own so that Abandon
+// can end the wait for it: Gloo waits up to five times the rendezvous
+// timeout (50 s) for a peer that published its address and then died.
+struct Connecting {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;       // guarded by mu
+  bool abandoned = false;  // guarded by mu
+  absl::StatusOr<std::shared_ptr<Collective>> group =
+      absl::UnknownError("not connected");  // guarded by mu
+};
 
 class LazyGroup : public Collective {
  public:
@@ -25,21 +40,42 @@ class LazyGroup : public Collective {
     std::lock_guard<std::mutex> l(mu_);
     if (!failed_.ok()) return failed_;
     std::shared_ptr<Collective> group;
+    std::shared_ptr<Connecting> connecting;
     {
       std::lock_guard<std::mutex> g(group_mu_);
-      if (abandoned_) {
-        return failed_ = absl::UnavailableError(absl::StrCat(
-                   "gloo group '", options_.prefix, "' abandoned"));
-      }
+      if (abandoned_) return failed_ = Abandoned();
       group = group_;
+      if (!group) connecting_ = connecting = std::make_shared<Connecting>();
     }
     if (!group) {
-      // The rendezvous itself cannot be cut short: Abandon only stops the
-      // reductions after it.
-      auto g = ConnectGloo(options_);
+      // Detached: after an Abandon it runs out on its own, bounded by Gloo's
+      // timeouts, and closes whatever group it got.
+      try {
+        std::thread([connecting, options = options_] {
+          auto g = ConnectGloo(options);
+          std::lock_guard<std::mutex> cl(connecting->mu);
+          connecting->group = std::move(g);
+          connecting->done = true;
+          connecting->cv.notify_all();
+        }).detach();
+      } catch (const std::system_error& e) {
+        std::lock_guard<std::mutex> gl(group_mu_);
+        connecting_.reset();
+        return failed_ = absl::ResourceExhaustedError(
+                   absl::StrCat("gloo group '", options_.prefix,
+                                "': no thread for the rendezvous: ", e.what()));
+      }
+      absl::StatusOr<std::shared_ptr<Collective>> g = Abandoned();
+      {
+        std::unique_lock<std::mutex> cl(connecting->mu);
+        connecting->cv.wait(
+            cl, [&] { return connecting->done || connecting->abandoned; });
+        if (!connecting->abandoned) g = std::move(connecting->group);
+      }
+      std::lock_guard<std::mutex> gl(group_mu_);
+      connecting_.reset();
       if (!g.ok()) return failed_ = g.status();
       group = *std::move(g);
-      std::lock_guard<std::mutex> gl(group_mu_);
       group_ = group;
       if (abandoned_) group->Abandon();
     }
@@ -48,20 +84,31 @@ class LazyGroup : public Collective {
     return s;
   }
 
-  // Not under mu_, which a reduction in progress holds.
+  // Not under mu_, which a reduction or rendezvous in progress holds.
   void Abandon() override {
     std::lock_guard<std::mutex> g(group_mu_);
     abandoned_ = true;
     if (group_) group_->Abandon();
+    if (connecting_) {
+      std::lock_guard<std::mutex> cl(connecting_->mu);
+      connecting_->abandoned = true;
+      connecting_->cv.notify_all();
+    }
   }
 
  private:
+  absl::Status Abandoned() const {
+    return absl::UnavailableError(
+        absl::StrCat("gloo group '", options_.prefix, "' abandoned"));
+  }
+
   const GlooOptions options_;
   std::mutex mu_;  // one reduction at a time
   absl::Status failed_;
   std::mutex group_mu_;
-  std::shared_ptr<Collective> group_;  // guarded by group_mu_
-  bool abandoned_ = false;             // guarded by group_mu_
+  std::shared_ptr<Collective> group_;       // guarded by group_mu_
+  std::shared_ptr<Connecting> connecting_;  // guarded by group_mu_
+  bool abandoned_ = false;                  // guarded by group_mu_
 };
 
 }  // namespace
