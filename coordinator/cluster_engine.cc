@@ -252,10 +252,17 @@ class ClusterEngine : public Engine {
     for (const auto& c : changes) {
       auto& block = next[c.block];
       if (c.kind == MemberChangeKind::kJoin) {
-        // A joiner that went away meanwhile is dropped, not waited for.
+        // A joiner that went away meanwhile is dropped, not waited for. A
+        // health call, not the channel's state: a refused connection fails
+        // it at once, where waiting to connect takes the whole deadline.
         WorkerClient probe("joining worker", c.address, max_bytes_,
                            options_.security);
-        if (!probe.WaitForConnected(absl::Now() + absl::Seconds(2))) continue;
+        const absl::Status alive = probe.Ping(absl::Now() + absl::Seconds(2));
+        if (!alive.ok()) {
+          options_.membership->Refused("gone");
+          if (options_.on_join_dropped) options_.on_join_dropped(c, alive);
+          continue;
+        }
         block.push_back(c.address);
       } else {
         auto it = std::find(block.begin(), block.end(), c.address);

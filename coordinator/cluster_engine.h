@@ -54,6 +54,9 @@ struct ClusterOptions {
   Membership* membership = nullptr;
   // Told of every topology change the engine applied.
   std::function<void(const TopologyEvent&)> on_topology;
+  // Told of a registered joiner that no longer answered at the step
+  // boundary, and why; it is dropped and counted as refused ("gone").
+  std::function<void(const MemberChange&, const absl::Status&)> on_join_dropped;
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(

@@ -149,6 +149,11 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
       metrics->OnTopology(e);
     };
   }
+  co.on_join_dropped = [log](const MemberChange& c, const absl::Status& why) {
+    *log << "interlock: " << c.address << " registered for block " << c.block
+         << " but is gone at the step boundary; not joined (" << why.message()
+         << ")\n";
+  };
   ASSIGN_OR_RETURN(run->engine_, MakeClusterEngine(config, shape, co));
   return run;
 }

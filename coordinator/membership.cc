@@ -69,9 +69,9 @@ absl::Status Membership::RefuseLocked(const std::string& reason,
 }
 
 const std::vector<std::string>& Membership::RefusalReasons() {
-  static const auto* reasons =
-      new std::vector<std::string>{"token",     "block",    "address", "config",
-                                   "duplicate", "replicas", "unknown", "last"};
+  static const auto* reasons = new std::vector<std::string>{
+      "token",    "block",   "address", "config", "duplicate",
+      "replicas", "unknown", "last",    "gone"};
   return *reasons;
 }
 

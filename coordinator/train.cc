@@ -226,10 +226,14 @@ class Runner {
         RETURN_IF_ERROR(DrainThrough(s));
         RETURN_IF_ERROR(EndOpProfile(s + 1));
         const auto drained = absl::Now();
+        const size_t changes = engine_.TopologyHistory().size();
         RETURN_IF_ERROR(engine_.ApplyMembership(s + 1));
-        *o_.output.log << "interlock: topology changed before step " << s + 1
-                       << " (drain " << absl::FormatDuration(drained - t0)
-                       << ", change "
+        *o_.output.log << "interlock: "
+                       << (engine_.TopologyHistory().size() > changes
+                               ? "topology changed"
+                               : "no membership change applied")
+                       << " before step " << s + 1 << " (drain "
+                       << absl::FormatDuration(drained - t0) << ", change "
                        << absl::FormatDuration(absl::Now() - drained) << ")\n";
       }
     }

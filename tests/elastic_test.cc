@@ -4,9 +4,13 @@
 // ends without a checkpoint restore, every micro-batch applied once per block,
 // bitwise where the in-process single chain ends. Bad Register calls are
 // refused while the run goes on.
+#include <arpa/inet.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -62,6 +66,23 @@ grpc::Status Register(const std::string& coordinator, const std::string& token,
   req.set_config_sha256(sha);
   v1::RegisterResponse resp;
   return stub->Register(&ctx, req, &resp);
+}
+
+// A TCP port free a moment ago on loopback (the coordinator's metrics
+// port has no port file).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
 }
 
 bool LogHas(const std::string& path, const std::string& what) {
@@ -128,12 +149,15 @@ TEST(Elastic, JoinFailureAndLeaveMidRunEndBitwiseOnTheSingleChain) {
   ASSERT_EQ(w.size(), 5u);
   const std::string out = dir + "/out";
   const std::string port_file = dir + "/coordinator.port";
+  const int metrics_port = FreePort();
+  ASSERT_GT(metrics_port, 0);
   Child cli = StartChild(
       INTERLOCK_CLI,
       {"train", "--config", dir + "/config.pbtxt", "--engine", "cluster",
        "--workers", workers, "--token-file", dir + "/token",
        "--coordinator_port", "0", "--coordinator_host", "127.0.0.1",
-       "--coordinator_port_file", port_file, "--out", out, "--quiet"},
+       "--coordinator_port_file", port_file, "--out", out, "--quiet",
+       "--metrics-port=" + std::to_string(metrics_port)},
       dir + "/cli.log");
   int port = 0;
   ASSERT_TRUE(
@@ -165,6 +189,32 @@ TEST(Elastic, JoinFailureAndLeaveMidRunEndBitwiseOnTheSingleChain) {
     EXPECT_NE(s.error_message().find("run config"), std::string::npos);
     s = Register(coordinator, token, 1, "no-port");
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    // Accepted, but nothing listens there: at the step boundary the joiner
+    // is found gone, dropped and counted, and the topology stays.
+    s = Register(coordinator, token, 1, "127.0.0.1:1");
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return LogHas(cli.log,
+                      "127.0.0.1:1 registered for block 1 but is gone");
+      },
+      120))
+      << ReadFile(cli.log);
+  EXPECT_TRUE(LogHas(cli.log, "no membership change applied before step"))
+      << ReadFile(cli.log);
+  {
+    // Every refusal counted by its reason.
+    const std::string text = HttpGet(metrics_port, "/metrics");
+    const std::string name = "interlock_coordinator_membership_refusals_total";
+    const std::map<std::string, double> want = {
+        {"token", 2},   {"block", 1}, {"duplicate", 1}, {"config", 1},
+        {"address", 1}, {"gone", 1},  {"replicas", 0},  {"unknown", 0}};
+    for (const auto& [reason, n] : want) {
+      EXPECT_EQ(MetricSum(text, name, "reason=\"" + reason + "\""), n)
+          << reason << "\n"
+          << text;
+    }
   }
 
   // A second replica of block 1 joins.
