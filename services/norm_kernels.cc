@@ -44,6 +44,17 @@ INTERLOCK_ALWAYS_INLINE float Affine(float x, float scale, float shift) {
 
 INTERLOCK_ALWAYS_INLINE float Relu(float z) { return z <= 0.0f ? 0.0f : z; }
 
+// The gradient reaching the output: dy, or dy + dy2 where the output had two
+// uses (autograd's own sum of the two, bit for bit: one float addition).
+// Under the ReLU's condition GCC vectorises the addition only with
+// -fno-trapping-math (services/CMakeLists.txt); without it these loops ran
+// 2-6x slower.
+template <bool kTwo>
+INTERLOCK_ALWAYS_INLINE float OutGrad(const float* __restrict dy,
+                                      const float* __restrict dy2, int64_t j) {
+  return kTwo ? dy[j] + dy2[j] : dy[j];
+}
+
 template <int64_t kN>
 INTERLOCK_ALWAYS_INLINE void MomentsTile(const float* __restrict x,
                                          int64_t rows, int64_t channels,
@@ -100,13 +111,14 @@ INTERLOCK_ALWAYS_INLINE void ScaleShiftReluRows(
   }
 }
 
-template <int64_t kN>
+template <int64_t kN, bool kTwo>
 INTERLOCK_ALWAYS_INLINE void GradSumsTile(
-    const float* __restrict dy, const float* __restrict x,
-    const float* __restrict y, const float* __restrict sc,
-    const float* __restrict sh, int64_t rows, int64_t channels, int64_t t0,
-    int64_t n_any, const float* __restrict mu, float* __restrict g_out,
-    double* __restrict sum_g, double* __restrict sum_gx) {
+    const float* __restrict dy, const float* __restrict dy2,
+    const float* __restrict x, const float* __restrict y,
+    const float* __restrict sc, const float* __restrict sh, int64_t rows,
+    int64_t channels, int64_t t0, int64_t n_any, const float* __restrict mu,
+    float* __restrict g_out, double* __restrict sum_g,
+    double* __restrict sum_gx) {
   constexpr int64_t kMax = kN > 0 ? kN : kTile;
   const int64_t n = kN > 0 ? kN : n_any;
   double s[kMax] = {}, q[kMax] = {};
@@ -116,27 +128,31 @@ INTERLOCK_ALWAYS_INLINE void GradSumsTile(
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t at = r * channels + t0;
       const float* __restrict dyr = dy + at;
+      const float* __restrict dy2r = kTwo ? dy2 + at : nullptr;
       const float* __restrict xr = x + at;
       if (y != nullptr) {
         const float* __restrict yr = y + at;
         if (g_out != nullptr) {
           float* __restrict gr = g_out + at;
           for (int64_t j = 0; j < n; ++j) {
-            const float g = yr[j] <= 0.0f ? 0.0f : dyr[j];
+            const float d = OutGrad<kTwo>(dyr, dy2r, j);
+            const float g = yr[j] <= 0.0f ? 0.0f : d;
             gr[j] = g;
             cs[j] += g;
             cq[j] += g * (xr[j] - mu[j]);
           }
         } else {
           for (int64_t j = 0; j < n; ++j) {
-            const float g = yr[j] <= 0.0f ? 0.0f : dyr[j];
+            const float d = OutGrad<kTwo>(dyr, dy2r, j);
+            const float g = yr[j] <= 0.0f ? 0.0f : d;
             cs[j] += g;
             cq[j] += g * (xr[j] - mu[j]);
           }
         }
       } else {
         for (int64_t j = 0; j < n; ++j) {
-          const float g = Affine(xr[j], sc[j], sh[j]) <= 0.0f ? 0.0f : dyr[j];
+          const float d = OutGrad<kTwo>(dyr, dy2r, j);
+          const float g = Affine(xr[j], sc[j], sh[j]) <= 0.0f ? 0.0f : d;
           cs[j] += g;
           cq[j] += g * (xr[j] - mu[j]);
         }
@@ -153,26 +169,30 @@ INTERLOCK_ALWAYS_INLINE void GradSumsTile(
   }
 }
 
-template <int64_t kC>
+template <int64_t kC, bool kTwo>
 INTERLOCK_ALWAYS_INLINE void InputGradRows(
-    const float* __restrict dy, const float* __restrict x,
-    const float* __restrict sc, const float* __restrict sh, int64_t r0,
-    int64_t r1, int64_t c_any, const float* __restrict mu,
-    const float* __restrict pa, const float* __restrict pb,
-    const float* __restrict pk, float* __restrict dx) {
+    const float* __restrict dy, const float* __restrict dy2,
+    const float* __restrict x, const float* __restrict sc,
+    const float* __restrict sh, int64_t r0, int64_t r1, int64_t c_any,
+    const float* __restrict mu, const float* __restrict pa,
+    const float* __restrict pb, const float* __restrict pk,
+    float* __restrict dx) {
   const int64_t c = kC > 0 ? kC : c_any;
   for (int64_t r = r0; r < r1; ++r) {
     const float* __restrict dyr = dy + r * c;
+    const float* __restrict dy2r = kTwo ? dy2 + r * c : nullptr;
     const float* __restrict xr = x + r * c;
     float* __restrict dxr = dx + r * c;
     if (sc != nullptr) {
       for (int64_t j = 0; j < c; ++j) {
-        const float g = Affine(xr[j], sc[j], sh[j]) <= 0.0f ? 0.0f : dyr[j];
+        const float d = OutGrad<kTwo>(dyr, dy2r, j);
+        const float g = Affine(xr[j], sc[j], sh[j]) <= 0.0f ? 0.0f : d;
         dxr[j] = g * pa[j] + (xr[j] - mu[j]) * pb[j] + pk[j];
       }
     } else {
       for (int64_t j = 0; j < c; ++j) {
-        dxr[j] = dyr[j] * pa[j] + (xr[j] - mu[j]) * pb[j] + pk[j];
+        dxr[j] = OutGrad<kTwo>(dyr, dy2r, j) * pa[j] + (xr[j] - mu[j]) * pb[j] +
+                 pk[j];
       }
     }
   }
@@ -204,14 +224,20 @@ INTERLOCK_VECTOR_CLONES void ScaleShiftRelu(const float* x,
 }
 
 INTERLOCK_VECTOR_CLONES void ReluNormGradSums(
-    const float* dy, const float* x, const float* y, const float* scale,
-    const float* shift, int64_t rows, int64_t channels, int64_t c0, int64_t c1,
-    const float* mean, float* g_out, double* sum_g, double* sum_gx) {
+    const float* dy, const float* dy2, const float* x, const float* y,
+    const float* scale, const float* shift, int64_t rows, int64_t channels,
+    int64_t c0, int64_t c1, const float* mean, float* g_out, double* sum_g,
+    double* sum_gx) {
   for (int64_t t0 = c0; t0 < c1; t0 += kTile) {
     const int64_t n = std::min(kTile, c1 - t0);
-#define INTERLOCK_CALL(w)                                                  \
-  GradSumsTile<w>(dy, x, y, scale + t0, shift + t0, rows, channels, t0, n, \
-                  mean + t0, g_out, sum_g, sum_gx)
+#define INTERLOCK_CALL(w)                                                     \
+  if (dy2 != nullptr) {                                                       \
+    GradSumsTile<w, true>(dy, dy2, x, y, scale + t0, shift + t0, rows,        \
+                          channels, t0, n, mean + t0, g_out, sum_g, sum_gx);  \
+  } else {                                                                    \
+    GradSumsTile<w, false>(dy, dy2, x, y, scale + t0, shift + t0, rows,       \
+                           channels, t0, n, mean + t0, g_out, sum_g, sum_gx); \
+  }
     switch (n) {
       case 16:
         INTERLOCK_CALL(16);
@@ -222,12 +248,21 @@ INTERLOCK_VECTOR_CLONES void ReluNormGradSums(
   }
 }
 
-INTERLOCK_VECTOR_CLONES void NormInputGrad(
-    const float* dy, const float* x, const float* scale, const float* shift,
-    int64_t r0, int64_t r1, int64_t channels, const float* mean, const float* a,
-    const float* b, const float* k, float* dx) {
-#define INTERLOCK_CALL(w) \
-  InputGradRows<w>(dy, x, scale, shift, r0, r1, channels, mean, a, b, k, dx)
+INTERLOCK_VECTOR_CLONES void NormInputGrad(const float* dy, const float* dy2,
+                                           const float* x, const float* scale,
+                                           const float* shift, int64_t r0,
+                                           int64_t r1, int64_t channels,
+                                           const float* mean, const float* a,
+                                           const float* b, const float* k,
+                                           float* dx) {
+#define INTERLOCK_CALL(w)                                                     \
+  if (dy2 != nullptr) {                                                       \
+    InputGradRows<w, true>(dy, dy2, x, scale, shift, r0, r1, channels, mean,  \
+                           a, b, k, dx);                                      \
+  } else {                                                                    \
+    InputGradRows<w, false>(dy, dy2, x, scale, shift, r0, r1, channels, mean, \
+                            a, b, k, dx);                                     \
+  }
   switch (channels) {
     case 16:
       INTERLOCK_CALL(16);

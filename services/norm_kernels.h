@@ -33,20 +33,22 @@ void ScaleShiftRelu(const float* x, const float* residual, int64_t r0,
 // g * (x - mean) over the rows. Where the ReLU passed is read from `y` (the
 // forward's output) when given, else recomputed as x * scale + shift > 0,
 // the forward's own expression. `g_out` (may be null; used only with `y`)
-// receives g: the gradient of a residual summed before the ReLU.
-void ReluNormGradSums(const float* dy, const float* x, const float* y,
-                      const float* scale, const float* shift, int64_t rows,
-                      int64_t channels, int64_t c0, int64_t c1,
+// receives g: the gradient of a residual summed before the ReLU. Where the
+// output had two uses, `dy2` (else null) is the second one's gradient and dy
+// above stands for dy + dy2.
+void ReluNormGradSums(const float* dy, const float* dy2, const float* x,
+                      const float* y, const float* scale, const float* shift,
+                      int64_t rows, int64_t channels, int64_t c0, int64_t c1,
                       const float* mean, float* g_out, double* sum_g,
                       double* sum_gx);
 
 // Rows [r0, r1) of the input gradient, dx = g * a + (x - mean) * b + k per
 // channel, where g is dy masked as above when `scale` is given and dy
-// itself when it is null (dy then already is g).
-void NormInputGrad(const float* dy, const float* x, const float* scale,
-                   const float* shift, int64_t r0, int64_t r1, int64_t channels,
-                   const float* mean, const float* a, const float* b,
-                   const float* k, float* dx);
+// itself when it is null (dy then already is g); dy2 as above.
+void NormInputGrad(const float* dy, const float* dy2, const float* x,
+                   const float* scale, const float* shift, int64_t r0,
+                   int64_t r1, int64_t channels, const float* mean,
+                   const float* a, const float* b, const float* k, float* dx);
 
 // ATen 1.13's update of running statistics (batch_norm_cpu_update_stats
 // _template) with factor m: mean blended in float, the unbiased variance

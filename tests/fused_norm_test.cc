@@ -64,18 +64,30 @@ torch::nn::Sequential Model(const std::string& block_type,
   return m;
 }
 
-// Nodes of the fused layer in the graph that produced `out`.
-int FusedNodes(const torch::Tensor& out) {
+// Calls visit(node) once for each node of the graph that produced `out`.
+template <typename Visit>
+void VisitGraph(const torch::Tensor& out, Visit visit) {
   std::set<torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> todo = {out.grad_fn().get()};
-  int n = 0;
   while (!todo.empty()) {
     torch::autograd::Node* node = todo.back();
     todo.pop_back();
     if (node == nullptr || !seen.insert(node).second) continue;
-    if (node->name().find("BatchNormReluFunction") != std::string::npos) ++n;
+    visit(*node);
     for (const auto& e : node->next_edges()) todo.push_back(e.function.get());
   }
+}
+
+bool IsFused(const torch::autograd::Node& node) {
+  return node.name().find("BatchNormReluFunction") != std::string::npos;
+}
+
+// Nodes of the fused layer in the graph that produced `out`.
+int FusedNodes(const torch::Tensor& out) {
+  int n = 0;
+  VisitGraph(out, [&](const torch::autograd::Node& node) {
+    if (IsFused(node)) ++n;
+  });
   return n;
 }
 
@@ -195,6 +207,53 @@ TEST(FusedNorm, PartialBackwardPassesGiveTheFullPassesBits) {
   EXPECT_TRUE(torch::equal(only_input[0], full.back()));
 }
 
+// Edges into a fused layer's second output (services/resnet.cc, SecondUse).
+int SecondUses(const torch::Tensor& out) {
+  int n = 0;
+  VisitGraph(out, [&](const torch::autograd::Node& node) {
+    for (const auto& e : node.next_edges()) {
+      if (e.function != nullptr && e.input_nr == 1 && IsFused(*e.function)) {
+        ++n;
+      }
+    }
+  });
+  return n;
+}
+
+// A residual block's input feeds its first convolution and its shortcut.
+// Where a fused layer made it, the layer receives the two gradients apart
+// and adds them itself: the same bits as autograd's sum, which it gets when
+// each unit's output goes through x * 1 first.
+TEST(FusedNorm, TwoUsesOfAnOutputGiveAutogradsSumsBits) {
+  torch::manual_seed(8);
+  auto m = Model("basic", ResNetSpec::CHANNELS_LAST);
+  const torch::Tensor x0 = (torch::randn({4, 3, 12, 12}) * 2 + 0.5)
+                               .contiguous(at::MemoryFormat::ChannelsLast);
+  std::vector<torch::Tensor> grads[2];
+  torch::Tensor outs[2];
+  for (const bool through_mul : {false, true}) {
+    m->zero_grad();
+    torch::Tensor x = x0.clone().requires_grad_(true);
+    torch::Tensor h = x;
+    for (auto& unit : *m) {
+      h = unit.forward(h);
+      if (through_mul) h = h * 1;
+    }
+    EXPECT_EQ(SecondUses(h), through_mul ? 0 : 3) << through_mul;
+    (h * torch::linspace(-1, 2, h.numel()).view_as(h)).sum().backward();
+    outs[through_mul] = h.detach();
+    for (const auto& p : m->parameters()) {
+      grads[through_mul].push_back(p.grad().clone());
+    }
+    grads[through_mul].push_back(x.grad().clone());
+  }
+  EXPECT_TRUE(torch::equal(outs[0], outs[1]));
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(grads[0][i], grads[1][i])) << "gradient " << i;
+  }
+}
+
 // Each channel is summed row after row whatever range of channels a call
 // covers, so splitting the channels over threads (at::parallel_for in
 // services/resnet.cc) cannot change a bit.
@@ -226,14 +285,15 @@ TEST(FusedNorm, SumsDoNotDependOnTheChannelSplit) {
   std::vector<double> g1(kChannels), q1(kChannels), g2(kChannels),
       q2(kChannels);
   torch::Tensor out1 = torch::empty_like(x), out2 = torch::empty_like(x);
-  ReluNormGradSums(dy.data_ptr<float>(), px, y.data_ptr<float>(), nullptr,
-                   nullptr, kRows, kChannels, 0, kChannels,
+  ReluNormGradSums(dy.data_ptr<float>(), nullptr, px, y.data_ptr<float>(),
+                   nullptr, nullptr, kRows, kChannels, 0, kChannels,
                    mean.data_ptr<float>(), out1.data_ptr<float>(), g1.data(),
                    q1.data());
   for (const auto& [c0, c1] : ranges) {
-    ReluNormGradSums(dy.data_ptr<float>(), px, y.data_ptr<float>(), nullptr,
-                     nullptr, kRows, kChannels, c0, c1, mean.data_ptr<float>(),
-                     out2.data_ptr<float>(), g2.data(), q2.data());
+    ReluNormGradSums(dy.data_ptr<float>(), nullptr, px, y.data_ptr<float>(),
+                     nullptr, nullptr, kRows, kChannels, c0, c1,
+                     mean.data_ptr<float>(), out2.data_ptr<float>(), g2.data(),
+                     q2.data());
   }
   EXPECT_EQ(g1, g2);
   EXPECT_EQ(q1, q2);
@@ -249,11 +309,13 @@ TEST(FusedNorm, SumsDoNotDependOnTheChannelSplit) {
 // value; the test is built without FMA, so nothing is contracted).
 TEST(FusedNorm, FixedWidthLoopsGiveTheGeneralLoopsBits) {
   constexpr int64_t kRows = 300;
-  for (const int64_t c : {16, 32, 64, 128}) {
+  for (const int64_t c : {16, 24, 32, 64, 128}) {
     SCOPED_TRACE(::testing::Message() << c << " channels");
     torch::manual_seed(c);
     const torch::Tensor x = torch::randn({kRows, c}) * 2 + 1;
     const torch::Tensor dy = torch::randn({kRows, c});
+    const torch::Tensor dy2 = torch::randn({kRows, c});
+    const torch::Tensor sum = dy + dy2;
     const torch::Tensor res = torch::randn({kRows, c});
     const torch::Tensor mean = x.mean(0);
     const torch::Tensor scale = torch::randn({c});
@@ -262,6 +324,7 @@ TEST(FusedNorm, FixedWidthLoopsGiveTheGeneralLoopsBits) {
                         k = torch::randn({c});
     const float* px = x.data_ptr<float>();
     const float* pdy = dy.data_ptr<float>();
+    const float* pdy2 = dy2.data_ptr<float>();
     const float* psc = scale.data_ptr<float>();
     const float* psh = shift.data_ptr<float>();
     const float* pmu = mean.data_ptr<float>();
@@ -281,8 +344,8 @@ TEST(FusedNorm, FixedWidthLoopsGiveTheGeneralLoopsBits) {
                    y.data_ptr<float>());
     torch::Tensor y_plain = torch::empty_like(x);
     torch::Tensor dx = torch::empty_like(x), dx_plain = torch::empty_like(x);
-    NormInputGrad(pdy, px, psc, psh, 0, kRows, c, pmu, a.data_ptr<float>(),
-                  b.data_ptr<float>(), k.data_ptr<float>(),
+    NormInputGrad(pdy, nullptr, px, psc, psh, 0, kRows, c, pmu,
+                  a.data_ptr<float>(), b.data_ptr<float>(), k.data_ptr<float>(),
                   dx.data_ptr<float>());
     for (int64_t r = 0; r < kRows; ++r) {
       for (int64_t j = 0; j < c; ++j) {
@@ -307,11 +370,11 @@ TEST(FusedNorm, FixedWidthLoopsGiveTheGeneralLoopsBits) {
       std::vector<double> g1(c), q1(c), g2(c), q2(c);
       torch::Tensor out1 = torch::empty_like(x), out2 = torch::empty_like(x);
       const float* py = with_y ? y.data_ptr<float>() : nullptr;
-      ReluNormGradSums(pdy, px, py, psc, psh, kRows, c, 0, c, pmu,
+      ReluNormGradSums(pdy, nullptr, px, py, psc, psh, kRows, c, 0, c, pmu,
                        with_y ? out1.data_ptr<float>() : nullptr, g1.data(),
                        q1.data());
       for (const auto& [c0, c1] : odd) {
-        ReluNormGradSums(pdy, px, py, psc, psh, kRows, c, c0, c1, pmu,
+        ReluNormGradSums(pdy, nullptr, px, py, psc, psh, kRows, c, c0, c1, pmu,
                          with_y ? out2.data_ptr<float>() : nullptr, g2.data(),
                          q2.data());
       }
@@ -320,6 +383,39 @@ TEST(FusedNorm, FixedWidthLoopsGiveTheGeneralLoopsBits) {
       if (with_y) {
         EXPECT_TRUE(torch::equal(out1, out2));
       }
+      // Two gradients, dy2 beside dy, in the fixed-width loop (all channels)
+      // and the general one (odd ranges): the bits of their sum given as one.
+      ReluNormGradSums(sum.data_ptr<float>(), nullptr, px, py, psc, psh, kRows,
+                       c, 0, c, pmu, with_y ? out1.data_ptr<float>() : nullptr,
+                       g1.data(), q1.data());
+      for (const bool split : {false, true}) {
+        std::vector<double> g3(c), q3(c);
+        torch::Tensor out3 = torch::empty_like(x);
+        for (const auto& [c0, c1] :
+             split ? odd : std::vector<std::pair<int64_t, int64_t>>{{0, c}}) {
+          ReluNormGradSums(pdy, pdy2, px, py, psc, psh, kRows, c, c0, c1, pmu,
+                           with_y ? out3.data_ptr<float>() : nullptr, g3.data(),
+                           q3.data());
+        }
+        const std::string at = std::string("two gradients, with y ") +
+                               (with_y ? "1" : "0") + ", split " +
+                               (split ? "1" : "0");
+        EXPECT_EQ(g1, g3) << at;
+        EXPECT_EQ(q1, q3) << at;
+        if (with_y) {
+          EXPECT_TRUE(torch::equal(out1, out3)) << at;
+        }
+      }
+    }
+    for (const float* sc : {psc, static_cast<const float*>(nullptr)}) {
+      torch::Tensor d1 = torch::empty_like(x), d2 = torch::empty_like(x);
+      NormInputGrad(sum.data_ptr<float>(), nullptr, px, sc, psh, 0, kRows, c,
+                    pmu, a.data_ptr<float>(), b.data_ptr<float>(),
+                    k.data_ptr<float>(), d1.data_ptr<float>());
+      NormInputGrad(pdy, pdy2, px, sc, psh, 0, kRows, c, pmu,
+                    a.data_ptr<float>(), b.data_ptr<float>(),
+                    k.data_ptr<float>(), d2.data_ptr<float>());
+      EXPECT_TRUE(torch::equal(d1, d2)) << "two gradients, mask " << !!sc;
     }
   }
 }
