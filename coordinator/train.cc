@@ -486,6 +486,10 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
                      CoordinatorMetrics::Serve(options.output.metrics_host,
                                                options.output.metrics_port,
                                                ModeName(config)));
+    // The port is news with --metrics-port 0 (any free port).
+    *options.output.log << "interlock: coordinator metrics on "
+                        << options.output.metrics_host << ":" << metrics->port()
+                        << "/metrics\n";
   }
   ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
   ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));

@@ -33,6 +33,7 @@ using interlock::testing::HealthStatus;
 using interlock::testing::HttpGet;
 using interlock::testing::kTwoBlocks;
 using interlock::testing::LinesIn;
+using interlock::testing::LoggedMetricsPort;
 using interlock::testing::MakeTempDir;
 using interlock::testing::MetricSum;
 using interlock::testing::ReadFile;
@@ -847,27 +848,19 @@ TEST(ClusterMetrics, EveryProcessExportsItsMetrics) {
   const std::string dir = MakeTempDir("metrics");
   std::vector<WorkerProcess> w;
   for (int k = 0; k < 3; ++k) w.push_back(StartWorker(kWorker, dir, k));
-  // A free port for the coordinator.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int coord_port = ntohs(addr.sin_port);
-  close(fd);
   const std::string cfg = dir + "/run.pbtxt";
   std::string text = ReadFile(kSrc + "/configs/tests/tiny_resnet.pbtxt");
   text.replace(text.find("seed: 1 }"), 9, "seed: 1 eval_every_steps: 5 }");
   std::ofstream(cfg, std::ios::trunc) << text;
-  Child cli = StartCli(
-      {"train", "--quiet", "--engine=cluster",
-       "--workers=" + w[0].address() + "," + w[1].address() + "," +
-           w[2].address(),
-       "--config=" + cfg, "--steps=100000", "--out=" + dir + "/out",
-       "--wire=bf16:int8", "--metrics_port=" + std::to_string(coord_port)},
-      dir + "/cli.log");
+  Child cli =
+      StartCli({"train", "--quiet", "--engine=cluster",
+                "--workers=" + w[0].address() + "," + w[1].address() + "," +
+                    w[2].address(),
+                "--config=" + cfg, "--steps=100000", "--out=" + dir + "/out",
+                "--wire=bf16:int8", "--metrics_port=0"},
+               dir + "/cli.log");
+  const int coord_port = LoggedMetricsPort(cli.log, 60);
+  ASSERT_GT(coord_port, 0) << ReadFile(cli.log);
   for (int i = 0; i < 600 && LinesIn(dir + "/out/metrics.jsonl") < 12; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

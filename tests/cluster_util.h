@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -225,6 +226,29 @@ bool WaitFor(F done, double seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
+}
+
+// The port a coordinator started with --metrics-port 0 logged for its
+// /metrics ("coordinator metrics on HOST:PORT/metrics"), waiting up to
+// `seconds` for the line; 0 if it did not come.
+inline int LoggedMetricsPort(const std::string& log, double seconds) {
+  const std::string serving = "coordinator metrics on ";
+  int port = 0;
+  WaitFor(
+      [&] {
+        const std::string text = ReadFile(log);
+        const size_t at = text.find(serving);
+        if (at == std::string::npos) return false;
+        const size_t colon = text.find(':', at + serving.size());
+        const size_t slash = text.find('/', colon);
+        if (colon == std::string::npos || slash == std::string::npos) {
+          return false;
+        }
+        port = std::atoi(text.substr(colon + 1, slash - colon - 1).c_str());
+        return port > 0;
+      },
+      seconds);
+  return port;
 }
 
 // Waits up to `seconds` for the child; returns its exit code or -1.

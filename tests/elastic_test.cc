@@ -4,13 +4,9 @@
 // ends without a checkpoint restore, every micro-batch applied once per block,
 // bitwise where the in-process single chain ends. Bad Register calls are
 // refused while the run goes on.
-#include <arpa/inet.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -66,23 +62,6 @@ grpc::Status Register(const std::string& coordinator, const std::string& token,
   req.set_config_sha256(sha);
   v1::RegisterResponse resp;
   return stub->Register(&ctx, req, &resp);
-}
-
-// A TCP port free a moment ago on loopback (the coordinator's metrics
-// port has no port file).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
 }
 
 bool LogHas(const std::string& path, const std::string& what) {
@@ -166,21 +145,22 @@ TEST(Elastic, JoinFailureAndLeaveMidRunEndBitwiseOnTheSingleChain) {
   ASSERT_EQ(w.size(), 5u);
   const std::string out = dir + "/out";
   const std::string port_file = dir + "/coordinator.port";
-  const int metrics_port = FreePort();
-  ASSERT_GT(metrics_port, 0);
-  Child cli = StartChild(
-      INTERLOCK_CLI,
-      {"train", "--config", dir + "/config.pbtxt", "--engine", "cluster",
-       "--workers", workers, "--token-file", dir + "/token",
-       "--coordinator_port", "0", "--coordinator_host", "127.0.0.1",
-       "--coordinator_port_file", port_file, "--out", out, "--quiet",
-       "--metrics-port=" + std::to_string(metrics_port)},
-      dir + "/cli.log");
+  Child cli =
+      StartChild(INTERLOCK_CLI,
+                 {"train", "--config", dir + "/config.pbtxt", "--engine",
+                  "cluster", "--workers", workers, "--token-file",
+                  dir + "/token", "--coordinator_port", "0",
+                  "--coordinator_host", "127.0.0.1", "--coordinator_port_file",
+                  port_file, "--out", out, "--quiet", "--metrics-port=0"},
+                 dir + "/cli.log");
   int port = 0;
   ASSERT_TRUE(
       WaitFor([&] { return (std::ifstream(port_file) >> port).good(); }, 120))
       << ReadFile(cli.log);
   const std::string coordinator = "127.0.0.1:" + std::to_string(port);
+  // The coordinator's /metrics, on the free port it picked and logged.
+  const int metrics_port = LoggedMetricsPort(cli.log, 30);
+  ASSERT_GT(metrics_port, 0) << ReadFile(cli.log);
   const std::string metrics = out + "/metrics.jsonl";
   auto at_step = [&](int n) {
     return WaitFor([&] { return LinesIn(metrics) >= n; }, 300);
