@@ -1,5 +1,6 @@
 // Channels-last ResNets train BatchNorm, the residual sum and ReLU fused
-// (services/resnet.cc, services/norm_kernels.cc). The fused layers must
+// (services/resnet.cc, services/norm_kernels.cc), and 1x1 convolutions of
+// stride 1 with their weight gradient as a matrix product. The layers must
 // compute what LibTorch's modules compute, within float rounding: outputs,
 // every gradient, the running statistics and their counters, for basic and
 // bottleneck blocks; partial backward passes (parameters only, input only)
@@ -82,17 +83,18 @@ bool IsFused(const torch::autograd::Node& node) {
   return node.name().find("BatchNormReluFunction") != std::string::npos;
 }
 
-// Nodes of the fused layer in the graph that produced `out`.
-int FusedNodes(const torch::Tensor& out) {
+// Nodes whose name has `name` in the graph that produced `out`.
+int Nodes(const torch::Tensor& out, const std::string& name) {
   int n = 0;
   VisitGraph(out, [&](const torch::autograd::Node& node) {
-    if (IsFused(node)) ++n;
+    if (node.name().find(name) != std::string::npos) ++n;
   });
   return n;
 }
 
 struct Pass {
   int fused_nodes = 0;
+  int conv1x1_nodes = 0;
   torch::Tensor out, input_grad;
   std::vector<std::pair<std::string, torch::Tensor>> grads, buffers;
 };
@@ -104,7 +106,8 @@ Pass Step(torch::nn::Sequential& m, const torch::Tensor& x_in, bool cl) {
   x.requires_grad_(true);
   Pass p;
   p.out = m->forward(x);
-  p.fused_nodes = FusedNodes(p.out);
+  p.fused_nodes = Nodes(p.out, "BatchNormReluFunction");
+  p.conv1x1_nodes = Nodes(p.out, "Conv1x1Function");
   const torch::Tensor w = torch::linspace(-1, 2, p.out.numel()).view_as(p.out);
   (p.out * w).sum().backward();
   p.input_grad = x.grad();
@@ -145,6 +148,10 @@ void ExpectFusedMatchesLibTorch(const std::string& block_type) {
     EXPECT_EQ(f.fused_nodes, block_type == "basic" ? 1 + 3 * 2 : 1 + 3 * 3)
         << at;
     EXPECT_EQ(p.fused_nodes, 0) << at;
+    // The 1x1 convolutions of stride 1: the first block's shortcut; in
+    // bottlenecks also every block's first and last convolution.
+    EXPECT_EQ(f.conv1x1_nodes, block_type == "basic" ? 1 : 1 + 3 * 2) << at;
+    EXPECT_EQ(p.conv1x1_nodes, 0) << at;
     ExpectClose(f.out, p.out, at + " output");
     ExpectClose(f.input_grad, p.input_grad, at + " input gradient");
     ASSERT_EQ(f.grads.size(), p.grads.size());
