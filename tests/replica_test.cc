@@ -409,6 +409,28 @@ TEST(Replicas, NonFiniteOnOneReplicaSkipsTheStepEverywhere) {
   }
 }
 
+// A member of a Gloo group (options `o`) on a thread of its own: it joins,
+// then holds the group without ever reducing until Leave (or destruction).
+class SilentPeer {
+ public:
+  explicit SilentPeer(const GlooOptions& o)
+      : thread_([this, o] {
+          auto group = ConnectGloo(o);
+          EXPECT_TRUE(group.ok()) << group.status();
+          done_.WaitForNotification();
+        }) {}
+  ~SilentPeer() { Leave(); }
+  void Leave() {
+    if (!thread_.joinable()) return;
+    done_.Notify();
+    thread_.join();
+  }
+
+ private:
+  absl::Notification done_;
+  std::thread thread_;
+};
+
 // A member that joins but never reduces: Step fails within the timeout on
 // the other, without a hang or a crash; the group stays failed.
 TEST(Replicas, SilentPeerFailsTheStepWithinTheTimeout) {
@@ -417,16 +439,10 @@ TEST(Replicas, SilentPeerFailsTheStepWithinTheTimeout) {
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string prefix = NextPrefix();
   const absl::Duration timeout = absl::Seconds(2);
-  absl::Notification done;
-  std::thread silent([&] {
-    GlooOptions o{"127.0.0.1", (*server)->port(), prefix, 1, 2};
-    o.timeout = timeout;
-    auto group = ConnectGloo(o);
-    EXPECT_TRUE(group.ok()) << group.status();
-    done.WaitForNotification();  // holds the group, never reduces
-  });
-  GlooOptions o{"127.0.0.1", (*server)->port(), prefix, 0, 2};
+  GlooOptions o{"127.0.0.1", (*server)->port(), prefix, 1, 2};
   o.timeout = timeout;
+  SilentPeer silent(o);
+  o.rank = 0;
   auto group = ConnectGloo(o);
   ASSERT_TRUE(group.ok()) << group.status();
   const auto t0 = std::chrono::steady_clock::now();
@@ -434,8 +450,7 @@ TEST(Replicas, SilentPeerFailsTheStepWithinTheTimeout) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
-  done.Notify();
-  silent.join();
+  silent.Leave();
   std::cout << "after " << seconds << " s: " << out.status << "\n";
   EXPECT_FALSE(out.status.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(out.status) ||
@@ -483,18 +498,11 @@ TEST(Replicas, AbandonEndsAWaitingReductionAtOnce) {
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string prefix = NextPrefix();
   const absl::Duration timeout = absl::Seconds(60);
-  absl::Notification done;
-  std::thread silent([&] {
-    GlooOptions o{"127.0.0.1", (*server)->port(), prefix, 1, 2};
-    o.timeout = timeout;
-    o.rendezvous_timeout = timeout;
-    auto group = ConnectGloo(o);
-    EXPECT_TRUE(group.ok()) << group.status();
-    done.WaitForNotification();  // holds the group, never reduces
-  });
-  GlooOptions o{"127.0.0.1", (*server)->port(), prefix, 0, 2};
+  GlooOptions o{"127.0.0.1", (*server)->port(), prefix, 1, 2};
   o.timeout = timeout;
   o.rendezvous_timeout = timeout;
+  SilentPeer silent(o);
+  o.rank = 0;
   auto group = ConnectGloo(o);
   ASSERT_TRUE(group.ok()) << group.status();
   // Not the 60 s of the timeout: ended by Abandon.
@@ -504,8 +512,7 @@ TEST(Replicas, AbandonEndsAWaitingReductionAtOnce) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1)
                 .count(),
             20.0);
-  done.Notify();
-  silent.join();
+  silent.Leave();
 }
 
 // A block's group connects at its first reduction. A peer that never
