@@ -140,6 +140,7 @@ class ClusterEngine : public Engine {
       EncodeShape(shape_, req.mutable_shape());
       req.set_max_message_bytes(max_bytes_);
       req.set_window(options_.window);
+      if (restore_.count(workers_[k][r])) req.set_restore_step(restore_step_);
       // At the start, wait for a worker still coming up; in a recovery a
       // worker that is gone again fails the attempt at once (it is
       // retried).
@@ -275,9 +276,23 @@ class ClusterEngine : public Engine {
       options_.membership->SetTopology(run_id_, workers_, generation_);
       return absl::OkStatus();
     }
-    // The chain is idle at the boundary: every replica holds the same
-    // state, and replica 0 of each block hands it on.
-    ASSIGN_OR_RETURN(std::vector<std::string> states, SaveState());
+    // The chain is idle at the boundary and every replica holds the same
+    // state: the other replicas keep theirs (their own snapshot), and
+    // replica 0 of a block that gains one hands it to the joiner.
+    std::vector<std::string> states(num_blocks());
+    for (const auto& c : applied) {
+      if (c.kind != MemberChangeKind::kJoin || !states[c.block].empty()) {
+        continue;
+      }
+      v1::SaveStateRequest req;
+      req.set_run_id(run_id_);
+      req.set_generation(generation_);
+      ASSIGN_OR_RETURN(BlockStateArchive state,
+                       peers_[c.block][0]->SaveState(
+                           req, c.block, absl::Now() + options_.rpc_deadline,
+                           kMaxStateBytes));
+      states[c.block] = std::move(state.bytes);
+    }
     return Reconfigure(next, step, states, std::move(applied));
   }
 
@@ -317,37 +332,25 @@ class ClusterEngine : public Engine {
     if (store_) RETURN_IF_ERROR(StartStore());
     Topology next(num_blocks());
     std::vector<MemberChange> changes;
-    std::vector<std::string> states(num_blocks());
     for (int k = 0; k < num_blocks(); ++k) {
-      absl::Status last = absl::NotFoundError("no replica left");
       for (int r = 0; r < replicas_[k]; ++r) {
         const std::string& a = workers_[k][r];
         if (dead.count(a)) {
           changes.push_back({MemberChangeKind::kFailure, k, a});
-          continue;
-        }
-        next[k].push_back(a);
-        if (!states[k].empty()) continue;
-        // The survivor's state at the boundary every block passed.
-        v1::SaveStateRequest req;
-        req.set_run_id(run_id_);
-        req.set_generation(generation_);
-        req.set_from_snapshot(true);
-        req.set_snapshot_step(from);
-        auto st = peers_[k][r]->SaveState(
-            req, k, absl::Now() + options_.rpc_deadline, kMaxStateBytes);
-        if (st.ok()) {
-          states[k] = std::move(st->bytes);
         } else {
-          last = st.status();
+          next[k].push_back(a);
         }
       }
-      if (states[k].empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "block ", k, " has no replica to fail over to: ", last.message()));
+      if (next[k].empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("block ", k, " has no replica to fail over to"));
       }
     }
-    RETURN_IF_ERROR(Reconfigure(next, from, states, std::move(changes)));
+    // Every survivor continues from its own snapshot at the boundary every
+    // block passed; one that has none fails the reconfiguration, and the
+    // run falls back to its checkpoint.
+    RETURN_IF_ERROR(Reconfigure(next, from, std::vector<std::string>(),
+                                std::move(changes)));
     return from;
   }
 
@@ -391,18 +394,23 @@ class ClusterEngine : public Engine {
                        num_blocks(), " blocks"));
     }
     for (int k = 0; k < num_blocks(); ++k) {
-      BlockStateArchive header;
-      header.run_id = run_id_;
-      header.generation = generation_;
-      header.block = k;
-      header.step = step;
-      header.sha256 = Sha256Hex(states[k].data(), states[k].size());
       for (auto& peer : peers_[k]) {
-        RETURN_IF_ERROR(peer->LoadState(header, states[k],
-                                        absl::Now() + options_.rpc_deadline));
+        RETURN_IF_ERROR(LoadStateInto(*peer, k, step, states[k]));
       }
     }
     return absl::OkStatus();
+  }
+
+  absl::Status LoadStateInto(WorkerClient& peer, int k, int64_t step,
+                             const std::string& state) {
+    BlockStateArchive header;
+    header.run_id = run_id_;
+    header.generation = generation_;
+    header.block = k;
+    header.step = step;
+    header.sha256 = Sha256Hex(state.data(), state.size());
+    state_bytes_sent_ += static_cast<int64_t>(state.size());
+    return peer.LoadState(header, state, absl::Now() + options_.rpc_deadline);
   }
 
   int num_blocks() const override { return static_cast<int>(peers_.size()); }
@@ -488,14 +496,17 @@ class ClusterEngine : public Engine {
       v1::GetStateRequest req;
       req.set_run_id(run_id_);
       v1::GetStateResponse resp;
-      ASSIGN_OR_RETURN(resp, peers_[k][0]->GetState(
-                                 req, absl::Now() + options_.rpc_deadline));
+      // A block's parameters may exceed the largest message of its run.
+      ASSIGN_OR_RETURN(
+          resp, peers_[k][0]->GetState(req, absl::Now() + options_.rpc_deadline,
+                                       kMaxStateBytes));
       // Replicas must end where the first does: anything else is a broken
       // reduction, and the run's result would depend on which one is read.
       for (size_t r = 1; r < peers_[k].size(); ++r) {
         ASSIGN_OR_RETURN(
             v1::GetStateResponse other,
-            peers_[k][r]->GetState(req, absl::Now() + options_.rpc_deadline));
+            peers_[k][r]->GetState(req, absl::Now() + options_.rpc_deadline,
+                                   kMaxStateBytes));
         RETURN_IF_ERROR(SameState(resp, other, *peers_[k][r]));
       }
       BlockState st;
@@ -518,12 +529,26 @@ class ClusterEngine : public Engine {
   }
 
  private:
-  // A new generation with topology `next`, every block restored in memory
-  // to `states` (taken at the boundary before `step`).
+  // A new generation with topology `next` at the boundary before `step`:
+  // the replicas `next` keeps from the current topology continue from
+  // their own snapshots at that boundary, a joiner of block k loads
+  // `states[k]` (a live replica's state there).
   absl::Status Reconfigure(const Topology& next, int64_t step,
                            const std::vector<std::string>& states,
                            std::vector<MemberChange> changes) {
     CloseStream();
+    std::set<std::string> kept;
+    std::vector<std::pair<int, int>> joiners;
+    for (int k = 0; k < static_cast<int>(next.size()); ++k) {
+      for (int r = 0; r < static_cast<int>(next[k].size()); ++r) {
+        const auto& now = workers_[k];
+        if (std::find(now.begin(), now.end(), next[k][r]) != now.end()) {
+          kept.insert(next[k][r]);
+        } else {
+          joiners.emplace_back(k, r);
+        }
+      }
+    }
     {
       std::lock_guard<std::mutex> l(mu_);
       error_ = absl::OkStatus();
@@ -538,13 +563,27 @@ class ClusterEngine : public Engine {
     SetTopology(next);
     routes_step_ = -1;
     ++generation_;
-    RETURN_IF_ERROR(Connect(options_.connect_timeout, /*parallel=*/true));
-    RETURN_IF_ERROR(LoadState(step, states));
+    restore_ = std::move(kept);
+    restore_step_ = step;
+    const absl::Status connected =
+        Connect(options_.connect_timeout, /*parallel=*/true);
+    restore_.clear();
+    RETURN_IF_ERROR(connected);
+    const int64_t sent_before = state_bytes_sent_;
+    for (const auto& [k, r] : joiners) {
+      if (k >= static_cast<int>(states.size()) || states[k].empty()) {
+        return absl::InternalError(
+            absl::StrCat(peers_[k][r]->label(), " joins with no state"));
+      }
+      RETURN_IF_ERROR(LoadStateInto(*peers_[k][r], k, step, states[k]));
+    }
+    const int64_t state_bytes = state_bytes_sent_ - sent_before;
     {
       std::lock_guard<std::mutex> l(mu_);
       steps_done_.assign(num_blocks(), step);
     }
-    history_.push_back({step, generation_, std::move(changes), replicas_});
+    history_.push_back(
+        {step, generation_, std::move(changes), replicas_, state_bytes});
     if (options_.membership) {
       options_.membership->SetTopology(run_id_, workers_, generation_);
     }
@@ -781,6 +820,11 @@ class ClusterEngine : public Engine {
   // Snapshots on every worker, so that replicas can fail over.
   bool elastic_ = false;
   std::vector<TopologyEvent> history_;
+  // While Reconfigure configures: the workers that continue from their own
+  // snapshot at restore_step_ (ConfigureRequest.restore_step).
+  std::set<std::string> restore_;
+  int64_t restore_step_ = 0;
+  int64_t state_bytes_sent_ = 0;  // by LoadStateInto, ever
   std::vector<std::vector<std::unique_ptr<WorkerClient>>> peers_;
   // The rendezvous store of the reduction groups (with replicas only).
   std::unique_ptr<StoreServer> store_;

@@ -37,6 +37,8 @@ struct TopologyEvent {
   int64_t generation = 0;
   std::vector<MemberChange> changes;
   std::vector<int> replicas;  // per block, after the change
+  // Block state sent to the joiners (the other replicas keep their own).
+  int64_t state_bytes = 0;
 };
 
 class Membership {

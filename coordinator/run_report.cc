@@ -95,6 +95,7 @@ RunSummary SummaryOf(const v1::RunConfig& config, const std::string& mode,
       o->set_address(m.address);
     }
     for (int n : e.replicas) c->add_replicas(n);
+    c->set_state_bytes(Count(e.state_bytes));
   }
   return s;
 }

@@ -13,6 +13,8 @@ WorkerClient::WorkerClient(const std::string& name, std::string address,
                            const TransportSecurity& security)
     : address_(std::move(address)),
       label_(absl::StrCat(name, " (", address_, ")")),
+      max_message_bytes_(max_message_bytes),
+      security_(security),
       channel_(MakeChannel(address_, max_message_bytes, security)),
       stub_(v1::Worker::NewStub(channel_)),
       generic_stub_(std::make_shared<grpc::GenericStub>(channel_)) {}
@@ -48,11 +50,21 @@ absl::StatusOr<v1::ConfigureResponse> WorkerClient::Configure(
 }
 
 absl::StatusOr<v1::GetStateResponse> WorkerClient::GetState(
-    const v1::GetStateRequest& request, absl::Time deadline) {
+    const v1::GetStateRequest& request, absl::Time deadline,
+    int64_t max_bytes) {
+  std::shared_ptr<v1::Worker::Stub> stub = stub_;
+  if (max_bytes > max_message_bytes_) {
+    std::lock_guard<std::mutex> l(large_mu_);
+    if (!large_channel_ || large_bytes_ != max_bytes) {
+      large_channel_ = MakeChannel(address_, max_bytes, security_);
+      large_bytes_ = max_bytes;
+    }
+    stub = v1::Worker::NewStub(large_channel_);
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   v1::GetStateResponse response;
-  grpc::Status s = stub_->GetState(&ctx, request, &response);
+  grpc::Status s = stub->GetState(&ctx, request, &response);
   if (!s.ok()) return CallFailed(label_, "get_state", s);
   return response;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -43,8 +44,13 @@ class WorkerClient {
   absl::StatusOr<interlock::v1::ConfigureResponse> Configure(
       const interlock::v1::ConfigureRequest& request, absl::Time deadline,
       bool wait_for_ready);
+  // A response of up to `max_bytes` is accepted (0: the largest message
+  // of the run, as on every other call). A block's parameters can be
+  // larger than any message its run sends; such a call goes over a
+  // channel of its own.
   absl::StatusOr<interlock::v1::GetStateResponse> GetState(
-      const interlock::v1::GetStateRequest& request, absl::Time deadline);
+      const interlock::v1::GetStateRequest& request, absl::Time deadline,
+      int64_t max_bytes = 0);
   // The state of `block`, whole and checked against its header (size,
   // SHA-256); at most `max_bytes` are accepted.
   absl::StatusOr<BlockStateArchive> SaveState(
@@ -72,7 +78,14 @@ class WorkerClient {
 
   const std::string address_;
   const std::string label_;
+  const int64_t max_message_bytes_;
+  const TransportSecurity security_;
   std::shared_ptr<grpc::Channel> channel_;
+  // GetState's channel for responses above max_message_bytes_, made on
+  // first use, and the limit it was made with.
+  std::mutex large_mu_;
+  std::shared_ptr<grpc::Channel> large_channel_;  // guarded by large_mu_
+  int64_t large_bytes_ = 0;                       // guarded by large_mu_
   std::shared_ptr<interlock::v1::Worker::Stub> stub_;
   // The Stream method sends and reads frames as raw byte buffers.
   std::shared_ptr<grpc::GenericStub> generic_stub_;

@@ -115,6 +115,21 @@ class ClusterTest : public ::testing::Test {
 std::string* ClusterTest::dir_ = nullptr;
 std::vector<WorkerProcess>* ClusterTest::workers_ = nullptr;
 
+// `c` trained quietly in process, then on `workers` (one per block).
+void TrainBoth(const v1::RunConfig& c, const std::vector<std::string>& workers,
+               TrainResult* local, TrainResult* cluster) {
+  TrainOptions options;
+  options.output.quiet = true;
+  auto a = Train(c, options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  options.engine.kind = EngineKind::kCluster;
+  options.engine.workers = OnePerBlock(workers);
+  auto b = Train(c, options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  *local = *std::move(a);
+  *cluster = *std::move(b);
+}
+
 // Every mode of DESIGN §1 gives the same parameters, bit for bit, in one
 // process and across worker processes (one intra-op thread per block).
 void CompareEngines(const char* text, int k, const std::string& partition,
@@ -141,22 +156,15 @@ void CompareEngines(const char* text, int k, const std::string& partition,
       SCOPED_TRACE(::testing::Message()
                    << c.name() << " K=" << k << " M=" << m << " mode="
                    << mode.mode << " n=" << mode.n << " rule=" << mode.rule);
-      TrainOptions local;
-      local.output.quiet = true;
-      auto a = Train(c, local);
-      ASSERT_TRUE(a.ok()) << a.status();
-      TrainOptions cluster = local;
-      cluster.engine.kind = EngineKind::kCluster;
-      cluster.engine.workers = OnePerBlock(workers);
-      auto b = Train(c, cluster);
-      ASSERT_TRUE(b.ok()) << b.status();
-      ASSERT_EQ(a->block_digests.size(), static_cast<size_t>(k));
-      EXPECT_EQ(a->block_digests, b->block_digests);
-      EXPECT_EQ(a->head_digests, b->head_digests);
-      ASSERT_EQ(a->eval.size(), b->eval.size());
-      for (size_t i = 0; i < a->eval.size(); ++i) {
-        EXPECT_EQ(a->eval[i].loss, b->eval[i].loss);
-        EXPECT_EQ(a->eval[i].accuracy, b->eval[i].accuracy);
+      TrainResult a, b;
+      ASSERT_NO_FATAL_FAILURE(TrainBoth(c, workers, &a, &b));
+      ASSERT_EQ(a.block_digests.size(), static_cast<size_t>(k));
+      EXPECT_EQ(a.block_digests, b.block_digests);
+      EXPECT_EQ(a.head_digests, b.head_digests);
+      ASSERT_EQ(a.eval.size(), b.eval.size());
+      for (size_t i = 0; i < a.eval.size(); ++i) {
+        EXPECT_EQ(a.eval[i].loss, b.eval[i].loss);
+        EXPECT_EQ(a.eval[i].accuracy, b.eval[i].accuracy);
       }
     }
   }
@@ -173,6 +181,44 @@ TEST_F(ClusterTest, TransformerK3BitwiseEqualsInProcess) {
 }
 TEST_F(ClusterTest, TransformerK4BitwiseEqualsInProcess) {
   CompareEngines(kTransformer, 4, "2,1,1,rest", Addresses(4));
+}
+
+// A block whose parameters are larger than any message of its run (784 x
+// 2048 weights, 6.4 MB, beside activations of 64 KB and the 4 MiB floor of
+// the run's message limit): the coordinator still reads its state for the
+// digests, which equal the in-process run's.
+constexpr char kWideMlp[] = R"pb(
+  name: "wide_mlp"
+  model {
+    mlp { hidden: [ 2048 ] }
+    blocks: 2
+    head: "fc"
+  }
+  data {
+    kind: SYNTHETIC_VECTORS
+    synthetic_shape: 784
+    synthetic_classes: 4
+    synthetic_train: 64
+    synthetic_test: 16
+  }
+  optimizer { kind: SGD momentum: 0.9 }
+  schedule { kind: CONSTANT lr: 0.05 }
+  training {
+    mode: INTERLOCK
+    n: 2
+    batch_size: 8
+    microbatches: 1
+    steps: 2
+    seed: 3
+  }
+)pb";
+
+TEST_F(ClusterTest, BlockStateLargerThanAnyMessageIsRead) {
+  TrainResult a, b;
+  ASSERT_NO_FATAL_FAILURE(TrainBoth(Parse(kWideMlp), Addresses(2), &a, &b));
+  ASSERT_EQ(a.block_digests.size(), 2u);
+  EXPECT_EQ(a.block_digests, b.block_digests);
+  EXPECT_EQ(a.head_digests, b.head_digests);
 }
 
 // Every wire codec keeps the cluster bitwise equal to the in-process

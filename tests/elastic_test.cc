@@ -292,6 +292,12 @@ TEST(Elastic, JoinFailureAndLeaveMidRunEndBitwiseOnTheSingleChain) {
   EXPECT_EQ(summary.topology(0).changes(0).block(), 1);
   EXPECT_EQ(summary.topology(1).changes(0).address(), w[1].address());
   EXPECT_EQ(summary.topology(2).changes(0).block(), 1);
+  // Only the joiner was sent state; every other replica, and every
+  // survivor of the failure, continued from its own snapshot (the digest
+  // below shows they continued from the right one).
+  EXPECT_GT(summary.topology(0).state_bytes(), 0);
+  EXPECT_EQ(summary.topology(1).state_bytes(), 0);
+  EXPECT_EQ(summary.topology(2).state_bytes(), 0);
   // The virtual clock followed the topology: the joined replica of block 1
   // has a track with work on it, beside the two of block 0.
   std::map<std::pair<int, int>, double> busy;
@@ -348,6 +354,7 @@ TEST(Elastic, HungReplicaIsDroppedAndTheRunEndsBitwise) {
   ASSERT_EQ(summary.topology(0).changes_size(), 1);
   EXPECT_EQ(summary.topology(0).changes(0).kind(), "failure");
   EXPECT_EQ(summary.topology(0).changes(0).address(), w[1].address());
+  EXPECT_EQ(summary.topology(0).state_bytes(), 0);
 
   EXPECT_EQ(summary.digest(), SingleChainDigest());
   std::filesystem::remove_all(dir);

@@ -427,6 +427,70 @@ TEST_F(WorkerHardeningTest,
   EXPECT_EQ(saved[0].step(), 2);
 }
 
+// A membership change configures the replicas a block keeps with
+// restore_step (DESIGN §2.4): the block continues from its own snapshot of
+// the earlier generation, and is sent no state. A step it keeps no snapshot
+// of, or a run it does not serve, is refused without naming the run it
+// serves, and the block stays as it was.
+TEST_F(WorkerHardeningTest, RestoreStepContinuesFromTheWorkersOwnSnapshot) {
+  WorkerProcess w = Start({});
+  auto stub = v1::Worker::NewStub(Plaintext(w));
+  auto state = [&](v1::GetStateResponse* resp) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    return stub->GetState(&ctx, v1::GetStateRequest(), resp);
+  };
+  auto params = [](const v1::GetStateResponse& r) {
+    std::string out;
+    for (const auto& t : r.block()) out += t.SerializeAsString();
+    return out;
+  };
+  v1::ConfigureRequest req = OneBlockRequest("run-r");
+  req.set_snapshots(true);
+  ASSERT_TRUE(ConfigureWith(stub.get(), req).ok());
+  bool completed = false;
+  ASSERT_TRUE(StreamOnce(stub.get(), Forward("run-r", 0), &completed).ok());
+  ASSERT_TRUE(completed);
+  v1::GetStateResponse trained;
+  ASSERT_TRUE(state(&trained).ok());
+  ASSERT_EQ(trained.step(), 1);
+
+  req.set_generation(2);
+  req.set_restore_step(5);
+  grpc::Status s = ConfigureWith(stub.get(), req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "no snapshot at step 5"))
+      << s.error_message();
+  v1::ConfigureRequest other = req;
+  other.set_run_id("run-x");
+  other.set_restore_step(1);
+  s = ConfigureWith(stub.get(), other);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << s.error_message();
+  EXPECT_FALSE(Contains(s.error_message(), "run-r")) << s.error_message();
+  v1::GetStateResponse kept;
+  ASSERT_TRUE(state(&kept).ok());
+  EXPECT_EQ(kept.step(), 1);
+  EXPECT_EQ(params(kept), params(trained));
+
+  req.set_restore_step(1);
+  s = ConfigureWith(stub.get(), req);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  v1::GetStateResponse restored;
+  ASSERT_TRUE(state(&restored).ok());
+  EXPECT_EQ(restored.step(), 1);
+  EXPECT_EQ(params(restored), params(trained));
+  // Without restore_step a generation starts afresh: what the restore kept
+  // was the trained state, not the initial one.
+  req.set_generation(3);
+  req.clear_restore_step();
+  ASSERT_TRUE(ConfigureWith(stub.get(), req).ok());
+  v1::GetStateResponse fresh;
+  ASSERT_TRUE(state(&fresh).ok());
+  EXPECT_EQ(fresh.step(), 0);
+  EXPECT_NE(params(fresh), params(trained));
+}
+
 // The coordinator's --window reaches the workers (ConfigureRequest.window):
 // with 32 micro-batches in flight, forwards come further ahead, and more of
 // them wait, than the default window of 2 x 3 blocks x 2 would allow; the

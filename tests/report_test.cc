@@ -249,7 +249,7 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
             (Keys{"block", "head", "loss", "accuracy", "perplexity"}));
   EXPECT_EQ(KeysOfFirst(s, "digests"), (Keys{"block", "params", "head"}));
   EXPECT_EQ(KeysOfFirst(s, "topology"),
-            (Keys{"step", "generation", "changes", "replicas"}));
+            (Keys{"step", "generation", "changes", "replicas", "state_bytes"}));
   EXPECT_NE(text.find("\"kind\": \"join\""), std::string::npos) << text;
   EXPECT_NE(text.find("\"failovers\": 1"), std::string::npos) << text;
   EXPECT_EQ(KeysOf(s.fields().at("accounting").struct_value()),

@@ -162,6 +162,33 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   }
   const DataShape shape = DecodeShape(req.shape());
   ASSIGN_OR_RETURN(auto outputs, BlockOutputShapes(config.model(), shape));
+  // A membership change or fail-over: the block continues from its own
+  // snapshot instead of being sent state it already has. Copied, not
+  // taken: this Configure may still fail below.
+  std::string restored;
+  if (req.has_restore_step()) {
+    const Snapshots& s = snapshots_;
+    if (s.run_id != req.run_id() || s.block != req.block() ||
+        s.generation >= req.generation()) {
+      // Not naming what it does keep: the caller may not know that run.
+      return absl::FailedPreconditionError(
+          absl::StrCat("configure: restore_step ", req.restore_step(),
+                       ", but this worker keeps no snapshots of block ",
+                       req.block(), " of run ", Quoted(req.run_id()),
+                       " before generation ", req.generation()));
+    }
+    auto it = s.by_step.find(req.restore_step());
+    if (it == s.by_step.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "configure: block ", req.block(), " keeps no snapshot at step ",
+          req.restore_step(),
+          s.by_step.empty()
+              ? std::string(" (it keeps none)")
+              : absl::StrCat(" (it keeps steps ", s.by_step.begin()->first,
+                             " to ", s.by_step.rbegin()->first, ")")));
+    }
+    restored = it->second;
+  }
 
   // A new run replaces the old one: its streams end.
   if (run_) {
@@ -327,20 +354,29 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
                                                  /*first_step=*/0,
                                                  req.replica()));
   run->driver = host_.driver();
-  run->metrics->configured->Set(1);
-  run->metrics->step->Set(0);
-  {
-    std::lock_guard<std::mutex> l(snapshot_mu_);
-    snapshots_ = Snapshots();
-    snapshots_.run_id = run->run_id;
-    snapshots_.generation = run->generation;
-    snapshots_.block = run->block;
-    // Blocks are at most max_steps_ahead apart (see above), so the last
-    // boundary every block passed is never older than that.
-    snapshots_.keep = run->max_steps_ahead + 1;
+  int64_t step = 0;
+  if (req.has_restore_step()) {
+    RETURN_IF_ERROR(run->driver->LoadState(restored, req.restore_step()));
+    step = run->driver->current_step();
   }
+  run->metrics->configured->Set(1);
+  run->metrics->step->Set(static_cast<double>(step));
+  snapshots_ = Snapshots();
+  snapshots_.run_id = run->run_id;
+  snapshots_.generation = run->generation;
+  snapshots_.block = run->block;
+  // Blocks are at most max_steps_ahead apart (see above), so the last
+  // boundary every block passed is never older than that.
+  snapshots_.keep = run->max_steps_ahead + 1;
   run_ = std::move(run);
-  if (run_->snapshots) TakeSnapshot(0);
+  if (run_->snapshots) {
+    if (req.has_restore_step()) {
+      // The archive just loaded is the state at this boundary already.
+      snapshots_.by_step[step] = std::move(restored);
+    } else {
+      TakeSnapshot(step);
+    }
+  }
   if (on_configured_) on_configured_(true);
   return run_->response;
 }
@@ -393,7 +429,6 @@ void WorkerCore::TakeSnapshot(int64_t step) {
   // it falls back to the checkpoint.
   auto bytes = run_->driver->SaveStateAtBoundary();
   if (!bytes.ok()) return;
-  std::lock_guard<std::mutex> l(snapshot_mu_);
   auto& kept = snapshots_.by_step;
   kept[step] = *std::move(bytes);
   while (static_cast<int64_t>(kept.size()) > snapshots_.keep) {
@@ -401,43 +436,9 @@ void WorkerCore::TakeSnapshot(int64_t step) {
   }
 }
 
-absl::StatusOr<BlockStateArchive> WorkerCore::SnapshotAt(
-    const v1::SaveStateRequest& request) {
-  std::lock_guard<std::mutex> l(snapshot_mu_);
-  const Snapshots& s = snapshots_;
-  if (s.run_id.empty() || request.run_id() != s.run_id ||
-      request.generation() != s.generation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "save_state: run ", Quoted(request.run_id()), " generation ",
-        request.generation(), " is not the run this worker is configured for"));
-  }
-  auto it = s.by_step.find(request.snapshot_step());
-  if (it == s.by_step.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "save_state: block ", s.block, " keeps no snapshot at step ",
-        request.snapshot_step(),
-        s.by_step.empty()
-            ? std::string(" (it keeps none)")
-            : absl::StrCat(" (it keeps steps ", s.by_step.begin()->first,
-                           " to ", s.by_step.rbegin()->first, ")")));
-  }
-  BlockStateArchive a;
-  a.run_id = s.run_id;
-  a.generation = s.generation;
-  a.block = s.block;
-  a.step = it->first;
-  a.bytes = it->second;
-  a.sha256 = Sha256Hex(a.bytes.data(), a.bytes.size());
-  return a;
-}
-
 void WorkerCore::SaveState(
     const v1::SaveStateRequest& request,
     std::function<void(absl::StatusOr<BlockStateArchive>)> done) {
-  if (request.from_snapshot()) {
-    done(SnapshotAt(request));
-    return;
-  }
   host_.Post([this, request, done = std::move(done)] {
     done([&]() -> absl::StatusOr<BlockStateArchive> {
       RETURN_IF_ERROR(
@@ -514,10 +515,7 @@ void WorkerCore::LoadState(BlockStateArchive state,
       RETURN_IF_ERROR(run_->driver->LoadState(state.bytes, state.step));
       const int64_t step = run_->driver->current_step();
       if (run_->snapshots) {
-        {
-          std::lock_guard<std::mutex> l(snapshot_mu_);
-          snapshots_.by_step.clear();
-        }
+        snapshots_.by_step.clear();
         TakeSnapshot(step);
       }
       run_->metrics->step->Set(static_cast<double>(step));

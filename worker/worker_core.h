@@ -175,10 +175,6 @@ class WorkerCore {
   // Keeps the block's state at the boundary before `step` (on the
   // executor, right after the block stepped `step - 1` or was loaded).
   void TakeSnapshot(int64_t step);
-  // SaveState of a kept snapshot: served off the executor, which may be
-  // busy (or waiting on a dead peer's reduction) when it is asked for.
-  absl::StatusOr<BlockStateArchive> SnapshotAt(
-      const interlock::v1::SaveStateRequest& request);
 
   const WorkerOptions options_;
   WorkerMetrics* const metrics_;
@@ -195,7 +191,8 @@ class WorkerCore {
   std::shared_ptr<ControlSink> control_;  // guarded by sink_mu_
 
   // The block's state at recent step boundaries (ConfigureRequest.snapshots)
-  // of the run and generation named, by step.
+  // of the run and generation named, by step: what the next generation's
+  // Configure restores (ConfigureRequest.restore_step). On the executor.
   struct Snapshots {
     std::string run_id;
     int64_t generation = 0;
@@ -203,8 +200,7 @@ class WorkerCore {
     int64_t keep = 0;  // boundaries kept
     std::map<int64_t, std::string> by_step;
   };
-  std::mutex snapshot_mu_;
-  Snapshots snapshots_;  // guarded by snapshot_mu_
+  Snapshots snapshots_;
 
   // The configured run's reduction group, reachable off the executor: a
   // Configure of that run's next generation abandons the reduction in
