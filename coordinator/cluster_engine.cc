@@ -279,6 +279,7 @@ class ClusterEngine : public Engine {
     // The chain is idle at the boundary and every replica holds the same
     // state: the other replicas keep theirs (their own snapshot), and
     // replica 0 of a block that gains one hands it to the joiner.
+    const absl::Time t0 = absl::Now();
     std::vector<std::string> states(num_blocks());
     for (const auto& c : applied) {
       if (c.kind != MemberChangeKind::kJoin || !states[c.block].empty()) {
@@ -293,7 +294,8 @@ class ClusterEngine : public Engine {
                            kMaxStateBytes));
       states[c.block] = std::move(state.bytes);
     }
-    return Reconfigure(next, step, states, std::move(applied));
+    return Reconfigure(next, step, states, std::move(applied),
+                       absl::Now() - t0);
   }
 
   absl::StatusOr<int64_t> RecoverFromReplicas(int64_t accounted) override {
@@ -533,9 +535,11 @@ class ClusterEngine : public Engine {
   // the replicas `next` keeps from the current topology continue from
   // their own snapshots at that boundary, a joiner of block k loads
   // `states[k]` (a live replica's state there).
+  // `saved`: the time it took to take `states`.
   absl::Status Reconfigure(const Topology& next, int64_t step,
                            const std::vector<std::string>& states,
-                           std::vector<MemberChange> changes) {
+                           std::vector<MemberChange> changes,
+                           absl::Duration saved = absl::ZeroDuration()) {
     CloseStream();
     std::set<std::string> kept;
     std::vector<std::pair<int, int>> joiners;
@@ -565,10 +569,12 @@ class ClusterEngine : public Engine {
     ++generation_;
     restore_ = std::move(kept);
     restore_step_ = step;
+    const absl::Time t0 = absl::Now();
     const absl::Status connected =
         Connect(options_.connect_timeout, /*parallel=*/true);
     restore_.clear();
     RETURN_IF_ERROR(connected);
+    const absl::Time t1 = absl::Now();
     const int64_t sent_before = state_bytes_sent_;
     for (const auto& [k, r] : joiners) {
       if (k >= static_cast<int>(states.size()) || states[k].empty()) {
@@ -582,8 +588,10 @@ class ClusterEngine : public Engine {
       std::lock_guard<std::mutex> l(mu_);
       steps_done_.assign(num_blocks(), step);
     }
-    history_.push_back(
-        {step, generation_, std::move(changes), replicas_, state_bytes});
+    history_.push_back({step, generation_, std::move(changes), replicas_,
+                        state_bytes, absl::ToDoubleSeconds(saved),
+                        absl::ToDoubleSeconds(t1 - t0),
+                        absl::ToDoubleSeconds(absl::Now() - t1)});
     if (options_.membership) {
       options_.membership->SetTopology(run_id_, workers_, generation_);
     }

@@ -39,6 +39,12 @@ struct TopologyEvent {
   std::vector<int> replicas;  // per block, after the change
   // Block state sent to the joiners (the other replicas keep their own).
   int64_t state_bytes = 0;
+  // The change's parts: the joiners' state taken from live replicas,
+  // every worker configured (those that stay restore their snapshots),
+  // the joiners loaded.
+  double save_seconds = 0;
+  double configure_seconds = 0;
+  double load_seconds = 0;
 };
 
 class Membership {

@@ -228,13 +228,28 @@ class Runner {
         const auto drained = absl::Now();
         const size_t changes = engine_.TopologyHistory().size();
         RETURN_IF_ERROR(engine_.ApplyMembership(s + 1));
+        const auto history = engine_.TopologyHistory();
+        const bool changed = history.size() > changes;
         *o_.output.log << "interlock: "
-                       << (engine_.TopologyHistory().size() > changes
-                               ? "topology changed"
-                               : "no membership change applied")
+                       << (changed ? "topology changed"
+                                   : "no membership change applied")
                        << " before step " << s + 1 << " (drain "
                        << absl::FormatDuration(drained - t0) << ", change "
-                       << absl::FormatDuration(absl::Now() - drained) << ")\n";
+                       << absl::FormatDuration(absl::Now() - drained);
+        if (changed) {
+          // Where a change's time goes: state from live replicas for the
+          // joiners, configuring every worker, loading the joiners.
+          const TopologyEvent& e = history.back();
+          *o_.output.log << ": state "
+                         << absl::FormatDuration(absl::Seconds(e.save_seconds))
+                         << ", configure "
+                         << absl::FormatDuration(
+                                absl::Seconds(e.configure_seconds))
+                         << ", load "
+                         << absl::FormatDuration(absl::Seconds(e.load_seconds))
+                         << ", " << e.state_bytes << " bytes sent";
+        }
+        *o_.output.log << ")\n";
       }
     }
     // No more submissions: the replay may now run past the last step.
