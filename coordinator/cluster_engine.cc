@@ -101,7 +101,11 @@ class ClusterEngine : public Engine {
   // generation and opens the stream into block 0. `parallel`: configure
   // every worker at once (after a failure, a survivor blocked in its
   // group's reduction is freed only when its peers leave that group).
-  absl::Status Connect(absl::Duration timeout, bool parallel) {
+  // `restore`: workers that continue from their own snapshot at the
+  // boundary before `restore_step` (ConfigureRequest.restore_step).
+  absl::Status Connect(absl::Duration timeout, bool parallel,
+                       const std::set<std::string>& restore = {},
+                       int64_t restore_step = 0) {
     const absl::Time deadline = absl::Now() + timeout;
     const int k_blocks = num_blocks();
     for (int k = 0; k < k_blocks; ++k) {
@@ -140,7 +144,7 @@ class ClusterEngine : public Engine {
       EncodeShape(shape_, req.mutable_shape());
       req.set_max_message_bytes(max_bytes_);
       req.set_window(options_.window);
-      if (restore_.count(workers_[k][r])) req.set_restore_step(restore_step_);
+      if (restore.count(workers_[k][r])) req.set_restore_step(restore_step);
       // At the start, wait for a worker still coming up; in a recovery a
       // worker that is gone again fails the attempt at once (it is
       // retried).
@@ -285,14 +289,7 @@ class ClusterEngine : public Engine {
       if (c.kind != MemberChangeKind::kJoin || !states[c.block].empty()) {
         continue;
       }
-      v1::SaveStateRequest req;
-      req.set_run_id(run_id_);
-      req.set_generation(generation_);
-      ASSIGN_OR_RETURN(BlockStateArchive state,
-                       peers_[c.block][0]->SaveState(
-                           req, c.block, absl::Now() + options_.rpc_deadline,
-                           kMaxStateBytes));
-      states[c.block] = std::move(state.bytes);
+      ASSIGN_OR_RETURN(states[c.block], SaveBlockState(c.block));
     }
     return Reconfigure(next, step, states, std::move(applied),
                        absl::Now() - t0);
@@ -375,17 +372,23 @@ class ClusterEngine : public Engine {
   absl::StatusOr<std::vector<std::string>> SaveState() override {
     std::vector<std::string> out;
     for (int k = 0; k < num_blocks(); ++k) {
-      v1::SaveStateRequest req;
-      req.set_run_id(run_id_);
-      req.set_generation(generation_);
-      // Replicas hold the same state at a step boundary.
-      ASSIGN_OR_RETURN(
-          BlockStateArchive state,
-          peers_[k][0]->SaveState(req, k, absl::Now() + options_.rpc_deadline,
-                                  kMaxStateBytes));
-      out.push_back(std::move(state.bytes));
+      ASSIGN_OR_RETURN(std::string state, SaveBlockState(k));
+      out.push_back(std::move(state));
     }
     return out;
+  }
+
+  // Block k's state, from replica 0: replicas hold the same state at a
+  // step boundary.
+  absl::StatusOr<std::string> SaveBlockState(int k) {
+    v1::SaveStateRequest req;
+    req.set_run_id(run_id_);
+    req.set_generation(generation_);
+    ASSIGN_OR_RETURN(
+        BlockStateArchive state,
+        peers_[k][0]->SaveState(req, k, absl::Now() + options_.rpc_deadline,
+                                kMaxStateBytes));
+    return std::move(state.bytes);
   }
 
   absl::Status LoadState(int64_t step,
@@ -411,7 +414,6 @@ class ClusterEngine : public Engine {
     header.block = k;
     header.step = step;
     header.sha256 = Sha256Hex(state.data(), state.size());
-    state_bytes_sent_ += static_cast<int64_t>(state.size());
     return peer.LoadState(header, state, absl::Now() + options_.rpc_deadline);
   }
 
@@ -567,23 +569,19 @@ class ClusterEngine : public Engine {
     SetTopology(next);
     routes_step_ = -1;
     ++generation_;
-    restore_ = std::move(kept);
-    restore_step_ = step;
     const absl::Time t0 = absl::Now();
-    const absl::Status connected =
-        Connect(options_.connect_timeout, /*parallel=*/true);
-    restore_.clear();
-    RETURN_IF_ERROR(connected);
+    RETURN_IF_ERROR(
+        Connect(options_.connect_timeout, /*parallel=*/true, kept, step));
     const absl::Time t1 = absl::Now();
-    const int64_t sent_before = state_bytes_sent_;
+    int64_t state_bytes = 0;
     for (const auto& [k, r] : joiners) {
       if (k >= static_cast<int>(states.size()) || states[k].empty()) {
         return absl::InternalError(
             absl::StrCat(peers_[k][r]->label(), " joins with no state"));
       }
       RETURN_IF_ERROR(LoadStateInto(*peers_[k][r], k, step, states[k]));
+      state_bytes += static_cast<int64_t>(states[k].size());
     }
-    const int64_t state_bytes = state_bytes_sent_ - sent_before;
     {
       std::lock_guard<std::mutex> l(mu_);
       steps_done_.assign(num_blocks(), step);
@@ -828,11 +826,6 @@ class ClusterEngine : public Engine {
   // Snapshots on every worker, so that replicas can fail over.
   bool elastic_ = false;
   std::vector<TopologyEvent> history_;
-  // While Reconfigure configures: the workers that continue from their own
-  // snapshot at restore_step_ (ConfigureRequest.restore_step).
-  std::set<std::string> restore_;
-  int64_t restore_step_ = 0;
-  int64_t state_bytes_sent_ = 0;  // by LoadStateInto, ever
   std::vector<std::vector<std::unique_ptr<WorkerClient>>> peers_;
   // The rendezvous store of the reduction groups (with replicas only).
   std::unique_ptr<StoreServer> store_;
