@@ -127,13 +127,23 @@ absl::StatusOr<std::string> BlockDriver::SaveState() const {
   return trainer_->SaveState(step_);
 }
 
+absl::Status BlockDriver::CheckIdleForLoad() const {
+  if (Idle()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("block ", trainer_->options().block,
+                   ": cannot load state with micro-batches in flight"));
+}
+
 absl::Status BlockDriver::LoadState(const std::string& archive, int64_t step) {
-  if (!Idle()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("block ", trainer_->options().block,
-                     ": cannot load state with micro-batches in flight"));
-  }
+  RETURN_IF_ERROR(CheckIdleForLoad());
   ASSIGN_OR_RETURN(step_, trainer_->LoadState(archive, step));
+  return absl::OkStatus();
+}
+
+absl::Status BlockDriver::LoadRecord(const BlockStateRecord& record,
+                                     int64_t step) {
+  RETURN_IF_ERROR(CheckIdleForLoad());
+  ASSIGN_OR_RETURN(step_, trainer_->LoadRecord(record, step));
   return absl::OkStatus();
 }
 

@@ -47,15 +47,18 @@ class BlockDriver {
   // The block's training state at the current step boundary (a LibTorch
   // archive), and its restoration; both need Idle().
   absl::StatusOr<std::string> SaveState() const;
-  // The same without the idle check, for step_done: the block has just
+  // The state copied into `into` (BlockTrainer::CopyState), a snapshot kept
+  // in memory. Without the idle check, for step_done: the block has just
   // stepped and runs nothing of the next step before step_done returns, so
   // forwards queued for it do not change the state.
-  absl::StatusOr<std::string> SaveStateAtBoundary() const {
-    return trainer_->SaveState(step_);
+  absl::Status CopyStateAtBoundary(BlockStateRecord* into) const {
+    return trainer_->CopyState(step_, into);
   }
   // The block continues from the archive's step (which must be `step`
   // unless that is -1).
   absl::Status LoadState(const std::string& archive, int64_t step = -1);
+  // The same from a record (a snapshot CopyStateAtBoundary took).
+  absl::Status LoadRecord(const BlockStateRecord& record, int64_t step = -1);
 
   BlockTrainer& trainer() { return *trainer_; }
   int64_t current_step() const { return step_; }
@@ -70,6 +73,7 @@ class BlockDriver {
   std::vector<int> OwnMicrobatches(const std::vector<int32_t>& routes) const;
 
  private:
+  absl::Status CheckIdleForLoad() const;
   struct MbState {
     bool backward_done = false;
     bool below_seen = false;          // the final upward message from block k+1

@@ -20,6 +20,7 @@
 #include "services/gradient_lists.h"
 #include "services/models.h"
 #include "services/optim.h"
+#include "services/state_archive.h"
 
 namespace interlock {
 
@@ -263,6 +264,15 @@ class BlockTrainer {
   // unchanged.
   absl::StatusOr<int64_t> LoadState(const std::string& archive,
                                     int64_t step = -1);
+  // The same state as a record of CPU tensors (a snapshot kept in memory),
+  // copied into `into`'s tensors where names, dtypes and shapes match, so a
+  // snapshot per step allocates nothing and serialises nothing. Between
+  // steps only, as SaveState.
+  absl::Status CopyState(int64_t step, BlockStateRecord* into) const;
+  // Restores a record (CopyState's, or a decoded archive's) as LoadState
+  // does, with the same checks; the record is only read.
+  absl::StatusOr<int64_t> LoadRecord(const BlockStateRecord& record,
+                                     int64_t step = -1);
 
   // Parameters (and buffers) by name: "block.<name>" and "head.<name>",
   // the live tensors, on the block's device.
@@ -271,6 +281,8 @@ class BlockTrainer {
   torch::nn::Sequential head() const { return modules_.head; }
 
  private:
+  // Saving or copying the state needs a step boundary.
+  absl::Status CheckBoundary(const char* what) const;
   BlockTrainer(TrainerOptions options, BlockModules modules,
                interlock::v1::OptimizerSpec optimizer);
   GradientLists lists() const;

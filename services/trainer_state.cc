@@ -13,13 +13,18 @@
 
 namespace interlock {
 
-absl::StatusOr<std::string> BlockTrainer::SaveState(int64_t step) const {
+absl::Status BlockTrainer::CheckBoundary(const char* what) const {
   if (!pending_.empty() || accumulated_ != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "block ", options_.block, ": state saved with ", pending_.size(),
+        "block ", options_.block, ": state ", what, " with ", pending_.size(),
         " micro-batches in flight and ", accumulated_,
         " gradients accumulated; only a step boundary can be saved"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> BlockTrainer::SaveState(int64_t step) const {
+  RETURN_IF_ERROR(CheckBoundary("saved"));
   return TorchGuard("save state", [&]() -> absl::StatusOr<std::string> {
     BlockStateRecord record;
     record.block = options_.block;
@@ -30,8 +35,54 @@ absl::StatusOr<std::string> BlockTrainer::SaveState(int64_t step) const {
   });
 }
 
+namespace {
+
+// Makes `into` hold copies of `from`'s tensors on the CPU, reusing a tensor
+// of the same name, dtype and shape.
+void CopyTensors(const std::map<std::string, torch::Tensor>& from,
+                 std::map<std::string, torch::Tensor>* into) {
+  for (auto it = into->begin(); it != into->end();) {
+    it = from.count(it->first) ? std::next(it) : into->erase(it);
+  }
+  for (const auto& [name, t] : from) {
+    torch::Tensor& dst = (*into)[name];
+    if (!dst.defined() || dst.scalar_type() != t.scalar_type() ||
+        dst.sizes() != t.sizes()) {
+      dst = torch::empty(t.sizes(), t.options().device(torch::kCPU));
+    }
+    dst.copy_(t);
+  }
+}
+
+}  // namespace
+
+absl::Status BlockTrainer::CopyState(int64_t step,
+                                     BlockStateRecord* into) const {
+  RETURN_IF_ERROR(CheckBoundary("copied"));
+  return TorchGuard("copy state", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, torch::Tensor> named;
+    for (const auto& [name, t] : NamedState()) named[name] = t;
+    into->block = options_.block;
+    into->step = step;
+    CopyTensors(named, &into->tensors);
+    CopyTensors(optimizer_->StateTensors(), &into->optimizer);
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<int64_t> BlockTrainer::LoadState(const std::string& bytes,
                                                 int64_t expected_step) {
+  const std::string what = absl::StrCat("block ", options_.block, " state");
+  return TorchGuard("load state", [&]() -> absl::StatusOr<int64_t> {
+    ASSIGN_OR_RETURN(const BlockStateRecord record,
+                     DecodeBlockState(bytes, what));
+    return LoadRecord(record, expected_step);
+  });
+}
+
+absl::StatusOr<int64_t> BlockTrainer::LoadRecord(const BlockStateRecord& record,
+                                                 int64_t expected_step) {
   const std::string what = absl::StrCat("block ", options_.block, " state");
   if (!pending_.empty()) {
     return absl::FailedPreconditionError(
@@ -39,8 +90,6 @@ absl::StatusOr<int64_t> BlockTrainer::LoadState(const std::string& bytes,
                      " micro-batches in flight"));
   }
   return TorchGuard("load state", [&]() -> absl::StatusOr<int64_t> {
-    ASSIGN_OR_RETURN(const BlockStateRecord record,
-                     DecodeBlockState(bytes, what));
     if (record.block != options_.block) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": the archive holds block ", record.block));

@@ -315,6 +315,75 @@ TEST(BlockState, LoadedStateContinuesBitwise) {
   }
 }
 
+// The snapshot a replica keeps per step (BlockTrainer::CopyState) is the
+// state SaveState archives, as CPU tensors: it continues bitwise, later
+// training changes nothing in it, and the next copy reuses its tensors.
+TEST(BlockState, CopiedStateContinuesBitwiseAndIsReused) {
+  auto record_digest = [](const BlockStateRecord& r) {
+    std::vector<std::pair<std::string, torch::Tensor>> all;
+    for (const auto& kv : r.tensors) all.push_back(kv);
+    for (const auto& [name, t] : r.optimizer) all.emplace_back("o." + name, t);
+    return DigestTensors(all);
+  };
+  for (const char* opt :
+       {"optimizer { kind: SGD momentum: 0.9 nesterov: true }",
+        "optimizer { kind: ADAMW weight_decay: 0.01 }"}) {
+    SCOPED_TRACE(opt);
+    auto a = MakeTrainer(opt);
+    TrainSteps(*a, 0, 2);
+    BlockStateRecord snap;
+    ASSERT_TRUE(a->CopyState(2, &snap).ok());
+    std::map<std::string, const void*> storage;
+    for (const auto& [name, t] : snap.tensors) storage[name] = t.data_ptr();
+    for (const auto& [name, t] : snap.optimizer) {
+      storage["o." + name] = t.data_ptr();
+    }
+    ASSERT_FALSE(snap.optimizer.empty());
+    TrainSteps(*a, 2, 3);
+    ASSERT_TRUE(a->CopyState(3, &snap).ok());
+    EXPECT_EQ(snap.step, 3);
+    for (const auto& [name, t] : snap.tensors) {
+      EXPECT_EQ(t.data_ptr(), storage[name]) << name << " was reallocated";
+    }
+    for (const auto& [name, t] : snap.optimizer) {
+      EXPECT_EQ(t.data_ptr(), storage["o." + name])
+          << name << " was reallocated";
+    }
+    const std::string at3 = record_digest(snap);
+    TrainSteps(*a, 3, 6);
+    EXPECT_EQ(record_digest(snap), at3) << "training changed the snapshot";
+
+    auto b = MakeTrainer(opt);
+    auto wrong = b->LoadRecord(snap, 4);
+    EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+    auto step = b->LoadRecord(snap, 3);
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_EQ(*step, 3);
+    TrainSteps(*b, 3, 6);
+    EXPECT_EQ(Digest(*a), Digest(*b));
+    EXPECT_EQ(record_digest(snap), at3) << "the loaded block shares it";
+
+    // The archive of the same boundary restores the same block.
+    auto c = MakeTrainer(opt);
+    TrainSteps(*c, 0, 3);
+    auto archive = c->SaveState(3);
+    ASSERT_TRUE(archive.ok());
+    auto d = MakeTrainer(opt);
+    ASSERT_TRUE(d->LoadState(*archive, 3).ok());
+    TrainSteps(*d, 3, 6);
+    EXPECT_EQ(Digest(*d), Digest(*b));
+  }
+  // Not between steps: refused, as SaveState is.
+  auto e = MakeTrainer("optimizer { kind: SGD momentum: 0.9 }");
+  torch::manual_seed(7);
+  ASSERT_TRUE(e->Forward(0, torch::randn({4, 3, 12, 12}),
+                         torch::randint(0, 4, {4}, torch::kInt64))
+                  .ok());
+  BlockStateRecord mid;
+  EXPECT_EQ(e->CopyState(0, &mid).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 // A channels-last block (model.resnet.memory_format) computes on NHWC
 // tensors but archives NCHW ones: its state loads into another
 // channels-last block, which continues bitwise, and into a contiguous one

@@ -165,7 +165,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   // A membership change or fail-over: the block continues from its own
   // snapshot instead of being sent state it already has. Copied, not
   // taken: this Configure may still fail below.
-  std::string restored;
+  BlockStateRecord restored;
   if (req.has_restore_step()) {
     const Snapshots& s = snapshots_;
     if (s.run_id != req.run_id() || s.block != req.block() ||
@@ -356,7 +356,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   run->driver = host_.driver();
   int64_t step = 0;
   if (req.has_restore_step()) {
-    RETURN_IF_ERROR(run->driver->LoadState(restored, req.restore_step()));
+    RETURN_IF_ERROR(run->driver->LoadRecord(restored, req.restore_step()));
     step = run->driver->current_step();
   }
   run->metrics->configured->Set(1);
@@ -371,7 +371,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   run_ = std::move(run);
   if (run_->snapshots) {
     if (req.has_restore_step()) {
-      // The archive just loaded is the state at this boundary already.
+      // The snapshot just loaded is the state at this boundary already.
       snapshots_.by_step[step] = std::move(restored);
     } else {
       TakeSnapshot(step);
@@ -425,12 +425,18 @@ absl::Status WorkerCore::CheckRun(const std::string& what,
 }
 
 void WorkerCore::TakeSnapshot(int64_t step) {
+  auto& kept = snapshots_.by_step;
+  // The oldest snapshot's tensors take the new one when it is the one to
+  // go: a snapshot per step then allocates nothing.
+  BlockStateRecord record;
+  if (!kept.empty() && static_cast<int64_t>(kept.size()) >= snapshots_.keep) {
+    record = std::move(kept.begin()->second);
+    kept.erase(kept.begin());
+  }
   // A snapshot that cannot be taken is only missing: a recovery that needs
   // it falls back to the checkpoint.
-  auto bytes = run_->driver->SaveStateAtBoundary();
-  if (!bytes.ok()) return;
-  auto& kept = snapshots_.by_step;
-  kept[step] = *std::move(bytes);
+  if (!run_->driver->CopyStateAtBoundary(&record).ok()) return;
+  kept[step] = std::move(record);
   while (static_cast<int64_t>(kept.size()) > snapshots_.keep) {
     kept.erase(kept.begin());
   }

@@ -16,6 +16,7 @@
 #include "proto/worker.pb.h"
 #include "services/block_archive.h"
 #include "services/block_host.h"
+#include "services/state_archive.h"
 #include "services/wire.h"
 #include "services/wire_frame.h"
 #include "worker/metrics.h"
@@ -197,8 +198,8 @@ class WorkerCore {
     std::string run_id;
     int64_t generation = 0;
     int block = 0;
-    int64_t keep = 0;  // boundaries kept
-    std::map<int64_t, std::string> by_step;
+    int64_t keep = 0;                             // boundaries kept
+    std::map<int64_t, BlockStateRecord> by_step;  // CPU tensors
   };
   Snapshots snapshots_;
 
