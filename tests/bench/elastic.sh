@@ -16,7 +16,8 @@
 # Times are polled every 20 ms, so each is an upper bound by about that.
 #
 #   bash tests/bench/elastic.sh [REPEATS]
-#   (env: BUILD, CONFIG, STEPS, M, FAIL = KILL or STOP, EXTRA = more
+#   (env: BUILD, CONFIG, STEPS, M, FAIL = KILL or STOP, KILL_AFTER = steps
+#   recorded between the join and the kill (5), EXTRA = more
 #   `interlock train` flags such as "--window 8": the drain before a change
 #   waits for every micro-batch in flight, 2 x K x M by default)
 set -euo pipefail
@@ -27,6 +28,7 @@ CONFIG=${CONFIG:-configs/fmnist_resnet_k4.pbtxt}
 STEPS=${STEPS:-60}
 M=${M:-4}  # a block takes at most one replica per micro-batch
 FAIL=${FAIL:-KILL}
+KILL_AFTER=${KILL_AFTER:-5}  # metrics.jsonl lines after the join
 REPEATS=${1:-3}
 CLI=$BUILD/coordinator/interlock
 WORKER=$BUILD/worker/interlock-worker
@@ -92,7 +94,7 @@ for r in $(seq "$REPEATS"); do
   wait_until has "$dir/cli.log" "topology changed"
   joined=$(since "$t")
 
-  n=$(($(lines "$m") + 5))
+  n=$(($(lines "$m") + KILL_AFTER))
   wait_until at_least "$m" "$n"
   t=$(secs)
   kill -"$FAIL" "$(cat "$dir/w1.pid")"
@@ -121,5 +123,13 @@ print('%.3f' % statistics.median(d))")
     "in the topology ${joined} s;" \
     "failure to next step ${failed} s; leave ${left} s; median step ${step} s"
   grep "topology changed" "$dir/cli.log" | sed 's/^/  /'
+  # What the fail-over ran again: micro-batches the coordinator had seen
+  # complete in the steps it replayed.
+  python3 -c "
+import json
+a = json.load(open('$out/summary.json'))['accounting']
+print('  failovers %d, recoveries %d, micro-batches replayed %d' % (
+    a['failovers'], a['recoveries'], a['microbatches_replayed']))"
+  grep -o "continue from step [0-9]*" "$dir/cli.log" | sed 's/^/  /' || true
   [[ -n ${KEEP:-} ]] && echo "  kept $dir" || rm -rf "$dir"
 done
