@@ -15,7 +15,7 @@
 #include "analysis/checked_write.h"
 #include "analysis/run_files.h"
 #include "analysis/timeline.h"
-#include "services/status_macros.h"
+#include "plan/status_macros.h"
 
 namespace interlock {
 namespace {

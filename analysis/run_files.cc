@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "analysis/checked_write.h"
-#include "services/status_macros.h"
+#include "plan/status_macros.h"
 
 namespace interlock {
 namespace {

@@ -11,10 +11,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "analysis/partition.h"
-#include "analysis/replica_routes.h"
 #include "analysis/run_files.h"
-#include "services/status_macros.h"
+#include "analysis/unit_costs.h"
+#include "plan/replica_routes.h"
+#include "plan/status_macros.h"
 
 namespace interlock {
 namespace {

@@ -14,9 +14,9 @@
 // kSharedInputShare) parameter passes.
 // Per-micro-batch costs and message bytes scale by M_profile / M.
 //
-// Replicas (DESIGN §2.4): a block with R replicas is R tracks on the clock,
-// each running the micro-batches routed to it; its reduction costs what the
-// link model gives for its bytes (PipelineShape::ReductionSeconds, from the
+// Replicas (ARCHITECTURE: replicas): a block with R replicas is R tracks on the
+// clock, each running the micro-batches routed to it; its reduction costs what
+// the link model gives for its bytes (PipelineShape::ReductionSeconds, from the
 // trained parameter counts the profile records).
 #ifndef INTERLOCK_ANALYSIS_SIMULATE_H_
 #define INTERLOCK_ANALYSIS_SIMULATE_H_
@@ -90,7 +90,7 @@ struct Profile {
   std::vector<double> input_share;
   std::vector<int> replicas;  // the run's (empty: one each)
   // Units per block of the run (empty in older profiles); all ones in a
-  // unit profile (analysis/partition.h).
+  // unit profile (analysis/unit_costs.h).
   std::vector<int> partition;
   bool ring_reduction = false;
   double step_wall = 0.0;

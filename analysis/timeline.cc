@@ -12,7 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "analysis/checked_write.h"
 #include "analysis/run_files.h"
-#include "services/status_macros.h"
+#include "plan/status_macros.h"
 
 namespace interlock {
 namespace {

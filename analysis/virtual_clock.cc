@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "analysis/replica_routes.h"
+#include "plan/replica_routes.h"
 
 namespace interlock {
 

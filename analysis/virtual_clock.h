@@ -1,6 +1,6 @@
-// The virtual model-parallel clock (DESIGN §2.2): replays a run's schedule
-// with the durations its blocks measured, as if every block had an
-// accelerator of its own, and says when each step would have finished.
+// The virtual model-parallel clock (ARCHITECTURE: the virtual clock): replays a
+// run's schedule with the durations its blocks measured, as if every block had
+// an accelerator of its own, and says when each step would have finished.
 //
 // The replay follows the schedule the code really runs (services/driver.cc):
 // a block handles one message at a time; its drain loop runs the next
@@ -17,9 +17,9 @@
 // keeps `window` micro-batches in flight and submits the next one when a
 // completion comes back from block 0. Evaluation is not part of the clock.
 //
-// Block replicas (DESIGN §2.4): each replica is a track of its own (its own
-// busy timeline). Micro-batch m of a step runs on the replica of block k the
-// coordinator routes it to (RouteStep, analysis/replica_routes.h), and a
+// Block replicas (ARCHITECTURE: replicas): each replica is a track of its own
+// (its own busy timeline). Micro-batch m of a step runs on the replica of block
+// k the coordinator routes it to (RouteStep, plan/replica_routes.h), and a
 // replica runs its own micro-batches in micro-batch order, as
 // services/driver.cc does. After its last backward pass of a step a replica
 // waits for the others at the reduction; the reduction starts when the last
@@ -43,7 +43,7 @@
 #include <utility>
 #include <vector>
 
-#include "services/gradient_lists.h"
+#include "plan/gradient_lists.h"
 
 namespace interlock {
 
@@ -204,9 +204,9 @@ class PipelineSim {
   void SetRoutes(int64_t step, std::vector<int32_t> routes) {
     routes_[step] = std::move(routes);
   }
-  // Membership changes (DESIGN §2.4): from `step` on, block k runs on the
-  // replicas members[k] (replica numbers, in the order routes index them).
-  // A number the shape does not have yet adds a replica (a track of its
+  // Membership changes (ARCHITECTURE: replicas): from `step` on, block k runs
+  // on the replicas members[k] (replica numbers, in the order routes index
+  // them). A number the shape does not have yet adds a replica (a track of its
   // own; shape().replicas grows to it); a replica left out stays idle
   // until a later change names it again; an empty list keeps the block's
   // members. Without a change every replica of the shape runs every step.

@@ -1,6 +1,7 @@
 // The Collective of a block's replicas over LibTorch's c10d Gloo process
-// group, with a TCPStore rendezvous (DESIGN §2.4). c10d and Gloo types stay
-// in gloo_collective.cc: including this header needs no Gloo headers.
+// group, with a TCPStore rendezvous (ARCHITECTURE: replicas). c10d and Gloo
+// types stay in gloo_collective.cc: including this header needs no Gloo
+// headers.
 #ifndef INTERLOCK_COLLECTIVE_GLOO_COLLECTIVE_H_
 #define INTERLOCK_COLLECTIVE_GLOO_COLLECTIVE_H_
 

@@ -23,8 +23,8 @@
 #include "absl/strings/strip.h"
 #include "analysis/checked_write.h"
 #include "google/protobuf/text_format.h"
+#include "plan/status_macros.h"
 #include "services/digest.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace {

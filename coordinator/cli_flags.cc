@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "coordinator/topology.h"
+#include "plan/topology.h"
 #include "services/device.h"
 
 ABSL_FLAG(std::string, config, "", "RunConfig file (protobuf text format)");
@@ -114,7 +114,7 @@ ABSL_FLAG(int, blocks, 0,
           "than measured cuts the model into K blocks of equal cost (a unit "
           "profile: the balanced cut); partition: K, the blocks to cut into");
 ABSL_FLAG(std::string, partition, "",
-          "simulate: a cut such as 3,2,2,rest of a unit profile's units to "
+          "simulate: a cut such as 2,2,1,rest of a unit profile's units to "
           "predict for");
 ABSL_FLAG(int, microbatches, 0,
           "simulate: micro-batches per step (0: the profile's)");
@@ -147,6 +147,13 @@ ABSL_FLAG(std::string, resume, "",
 ABSL_FLAG(absl::Duration, recover_timeout, absl::Seconds(120),
           "cluster: how long to wait for failed workers to come back before "
           "restoring the last checkpoint (0: a failure ends the run)");
+ABSL_FLAG(std::string, run, "",
+          "export: the run's --out folder (its newest checkpoint is exported)");
+ABSL_FLAG(std::string, to, "",
+          "export: the folder to write the trained network to");
+ABSL_FLAG(std::string, checkpoint, "",
+          "export: this checkpoint folder (OUT/checkpoints/step-N) instead "
+          "of the run's newest");
 ABSL_FLAG(std::string, profile_ops, "",
           "train, in process, sequential schedule: write the time per LibTorch "
           "operation of ten steady steps (after calibration) to this file "
@@ -182,10 +189,13 @@ const char kUsage[] =
     "  interlock simulate --profile DIR [--blocks K] [--n N|e2e] "
     "[--rule furthest|sum] [--microbatches M] [--link-bandwidth B] "
     "[--link-latency T] [--replicas 2,1,...] [--reduction ordered|ring] "
-    "[--partition 3,2,2,rest] [--sweep] (an input-gradient-only pass the "
-    "profile did not measure counts 0.5 of the parameter backward pass)\n"
+    "[--partition 2,2,1,rest] [--sweep] (an input-gradient-only pass the "
+    "profile did not measure costs the run's calibrated share of the "
+    "parameter backward pass, 0.5 without one)\n"
     "  interlock partition --config FILE --blocks K [--profile DIR] "
-    "[--out DIR] [--link-latency T] [--link-bandwidth B]";
+    "[--out DIR] [--link-latency T] [--link-bandwidth B]\n"
+    "  interlock export --run OUT | --checkpoint DIR --to DIR "
+    "[--token-file F]";
 
 int Fail(const std::string& message, int code) {
   std::cerr << "interlock: error: " << message << "\n";

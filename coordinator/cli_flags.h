@@ -43,6 +43,10 @@ ABSL_DECLARE_FLAG(int, keep_checkpoints);
 ABSL_DECLARE_FLAG(std::string, resume);
 ABSL_DECLARE_FLAG(absl::Duration, recover_timeout);
 ABSL_DECLARE_FLAG(std::string, profile_ops);
+ABSL_DECLARE_FLAG(std::string, run);
+ABSL_DECLARE_FLAG(std::string, token_file);
+ABSL_DECLARE_FLAG(std::string, to);
+ABSL_DECLARE_FLAG(std::string, checkpoint);
 
 namespace interlock {
 namespace cli {

@@ -12,15 +12,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "analysis/replica_routes.h"
 #include "collective/gloo_collective.h"
+#include "plan/replica_routes.h"
+#include "plan/status_macros.h"
 #include "proto/worker.grpc.pb.h"
 #include "rpc/status.h"
 #include "rpc/worker_client.h"
 #include "services/failure.h"
 #include "services/models.h"
+#include "services/scripted.h"
 #include "services/sha256.h"
-#include "services/status_macros.h"
 #include "services/wire.h"
 #include "services/wire_codec.h"
 
@@ -59,6 +60,16 @@ class ClusterEngine : public Engine {
                                   config_.training().microbatches(),
                                   "--workers"));
     ASSIGN_OR_RETURN(max_bytes_, codec_.MaxMessageBytes(config_, shape_));
+    // A scripted model's files travel with Configure, each block's to its
+    // workers, so the run's messages must hold the largest set.
+    model_files_.clear();
+    for (int k = 0; k < k_blocks; ++k) {
+      ASSIGN_OR_RETURN(auto files, ScriptedFilesOfBlock(config_.model(), k));
+      int64_t bytes = 0;
+      for (const auto& f : files) bytes += f.bytes.size() + 256;
+      max_bytes_ = std::max(max_bytes_, bytes + (int64_t{1} << 20));
+      model_files_.push_back(std::move(files));
+    }
     run_id_ = NewRunId();
     SetTopology(options_.workers);
     steps_done_.assign(k_blocks, 0);
@@ -145,6 +156,12 @@ class ClusterEngine : public Engine {
       req.set_max_message_bytes(max_bytes_);
       req.set_window(options_.window);
       if (restore.count(workers_[k][r])) req.set_restore_step(restore_step);
+      for (const auto& f : model_files_[k]) {
+        v1::ModelFile* m = req.add_model_files();
+        m->set_name(f.name);
+        m->set_sha256(f.sha256);
+        m->set_data(f.bytes);
+      }
       // At the start, wait for a worker still coming up; in a recovery a
       // worker that is gone again fails the attempt at once (it is
       // retried).
@@ -820,6 +837,8 @@ class ClusterEngine : public Engine {
   int64_t generation_ = 1;
   std::atomic<int64_t> stream_epoch_{0};
   int64_t max_bytes_ = 0;
+  // Per block: the scripted model's files its workers are sent.
+  std::vector<std::vector<ScriptedFile>> model_files_;
   // The topology in force and its replica counts, by block, then replica.
   Topology workers_;
   std::vector<int> replicas_;

@@ -15,14 +15,14 @@
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
 #include "coordinator/membership.h"
-#include "coordinator/topology.h"
+#include "plan/topology.h"
 #include "proto/config.pb.h"
 #include "rpc/security.h"
 
 namespace interlock {
 
 struct ClusterOptions {
-  // Worker addresses by block, then replica (coordinator/topology.h).
+  // Worker addresses by block, then replica (plan/topology.h).
   Topology workers;
   // With replicas: the address of this process the workers reach the
   // reduction groups' rendezvous store at.

@@ -15,10 +15,10 @@
 #include "analysis/compare_report.h"
 #include "analysis/simulate.h"
 #include "coordinator/partition.h"
+#include "plan/status_macros.h"
 #include "services/config.h"
 #include "services/data.h"
 #include "services/models.h"
-#include "services/status_macros.h"
 #include "services/wire_codec.h"
 
 namespace interlock {
@@ -66,9 +66,7 @@ RunConfig ConfigFor(const RunConfig& base, const Variant& v,
 absl::StatusOr<int64_t> TotalSteps(const RunConfig& c) {
   const auto& t = c.training();
   if (t.steps() > 0) return t.steps();
-  const int64_t context =
-      c.model().has_transformer() ? c.model().transformer().context() : 1;
-  ASSIGN_OR_RETURN(DataSplits data, LoadData(c.data(), context));
+  ASSIGN_OR_RETURN(DataSplits data, LoadData(c.data(), TextContext(c.model())));
   return std::max<int64_t>(
       1, t.epochs() * (data.train->size() / std::max(1, t.batch_size())));
 }

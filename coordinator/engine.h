@@ -70,8 +70,8 @@ class Engine {
   // attempt is applied) and reopens the chain. Engines that cannot fail
   // this way answer UNIMPLEMENTED.
   virtual absl::Status Recover(absl::Duration timeout) = 0;
-  // Elastic membership (DESIGN §2.4). Whether joins or leaves wait for a
-  // step boundary.
+  // Elastic membership (ARCHITECTURE: replicas). Whether joins or leaves wait
+  // for a step boundary.
   virtual bool MembershipPending() { return false; }
   // Applies them with the chain idle before `step`: the state of every
   // block moves from a live replica to the new topology in memory.

@@ -7,11 +7,11 @@
 
 #include "coordinator/cluster_engine.h"
 #include "coordinator/inprocess_engine.h"
-#include "coordinator/topology.h"
+#include "plan/status_macros.h"
+#include "plan/topology.h"
 #include "services/config.h"
 #include "services/device.h"
 #include "services/models.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 

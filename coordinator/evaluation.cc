@@ -5,7 +5,7 @@
 #include <limits>
 #include <map>
 
-#include "services/status_macros.h"
+#include "plan/status_macros.h"
 
 namespace interlock {
 

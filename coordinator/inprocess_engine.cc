@@ -10,9 +10,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "plan/status_macros.h"
 #include "services/block_host.h"
 #include "services/runtime.h"
-#include "services/status_macros.h"
 #include "services/wire_codec.h"
 
 namespace interlock {

@@ -1,6 +1,7 @@
 // interlock: the command-line front end, the commands train, compare,
-// simulate and partition (interlock-coordinator: train only). The flags are in
-// cli_flags.cc; everything else is in the RunConfig file (configs/*.pbtxt).
+// simulate, partition and export (interlock-coordinator: train only). The flags
+// are in cli_flags.cc; everything else is in the RunConfig file
+// (configs/*.pbtxt).
 #include <signal.h>
 
 #include <atomic>
@@ -16,13 +17,15 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "analysis/replica_routes.h"
 #include "analysis/simulate.h"
 #include "coordinator/cli_flags.h"
 #include "coordinator/compare.h"
+#include "coordinator/export.h"
 #include "coordinator/local_cluster.h"
 #include "coordinator/partition.h"
 #include "coordinator/train.h"
+#include "plan/replica_routes.h"
+#include "rpc/security.h"
 #include "services/config.h"
 #include "services/runtime.h"
 #include "services/wire_codec.h"
@@ -318,6 +321,27 @@ int RunPartition() {
   }
   return interlock::PartitionMain(c, std::cout, std::cerr);
 }
+
+// `interlock export`: a run's trained network out (coordinator/export.h).
+int RunExport() {
+  interlock::ExportOptions o;
+  o.run_dir = absl::GetFlag(FLAGS_run);
+  o.checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  o.to = absl::GetFlag(FLAGS_to);
+  if (o.to.empty() || (o.run_dir.empty() == o.checkpoint.empty())) {
+    return Fail(
+        "export: give --to DIR and one of --run OUT or --checkpoint DIR", 2);
+  }
+  if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
+    auto token = interlock::LoadBearerToken("token-file", file);
+    if (!token.ok()) return Fail(std::string(token.status().message()), 2);
+    o.seal_key = *std::move(token);
+  }
+  if (auto s = interlock::ExportRun(o, std::cout); !s.ok()) {
+    return Fail(std::string(s.message()), 1);
+  }
+  return 0;
+}
 #endif  // INTERLOCK_COORDINATOR_BINARY
 
 }  // namespace
@@ -351,6 +375,7 @@ int main(int argc, char** argv) {
   if (command == "compare") return RunCompare();
   if (command == "simulate") return RunSimulate();
   if (command == "partition") return RunPartition();
+  if (command == "export") return RunExport();
 #endif
 #ifndef INTERLOCK_COORDINATOR_BINARY
   return Fail(absl::StrCat("unknown command '", command, "'; usage: ", kUsage),

@@ -1,6 +1,6 @@
-// Elastic membership (DESIGN §2.4): workers that ask to join a block's
-// replicas (Register) or to leave it (Leave, on scale-down). Requests are
-// checked at once and applied by the cluster engine at the next step
+// Elastic membership (ARCHITECTURE: replicas): workers that ask to join a
+// block's replicas (Register) or to leave it (Leave, on scale-down). Requests
+// are checked at once and applied by the cluster engine at the next step
 // boundary; a leaver hears back once it is out of the topology. No gRPC
 // types: coordinator_service.h is the adapter.
 #ifndef INTERLOCK_COORDINATOR_MEMBERSHIP_H_
@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "coordinator/topology.h"
+#include "plan/topology.h"
 
 namespace interlock {
 

@@ -30,7 +30,8 @@ class CoordinatorMetrics {
   void OnStep(int64_t step, const std::vector<double>& losses,
               double samples_per_second, int microbatches);
   void OnEval(int block, double accuracy, double loss);
-  // A step's wall duration and the virtual clock after it (DESIGN §2.2).
+  // A step's wall duration and the virtual clock after it (ARCHITECTURE: the
+  // virtual clock).
   void OnStepTimes(double wall_step_seconds, double virtual_seconds,
                    double virtual_step_seconds,
                    const std::vector<double>& busy_ratio);
@@ -43,8 +44,8 @@ class CoordinatorMetrics {
   void OnRecovery();
   // Thread-safe: the cluster engine reports from its RPC threads.
   void SetWorkerUp(int block, bool up);
-  // The block runs on `replicas` worker replicas (DESIGN §2.4); the first
-  // call also makes them the block's desired replicas.
+  // The block runs on `replicas` worker replicas (ARCHITECTURE: replicas); the
+  // first call also makes them the block's desired replicas.
   void SetReplicas(int block, int replicas);
   // A topology change: replicas per block, a change counted by kind, the
   // generation. Joins and leaves move the desired replicas; failures do

@@ -10,9 +10,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/train.h"
+#include "plan/status_macros.h"
 #include "services/config.h"
 #include "services/models.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace {

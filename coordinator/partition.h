@@ -1,5 +1,5 @@
 // Balanced partitions: `partition: "auto"` in a model spec and the
-// `interlock partition` command. The cut itself is analysis/partition.h's
+// `interlock partition` command. The cut itself is plan/partition.h's
 // (exact, from per-unit costs); this measures the unit costs when no unit
 // profile is given: a short run of the config with one unit per block,
 // 1-way (every unit then has its head and nothing crosses a boundary
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "analysis/partition.h"
 #include "analysis/simulate.h"
+#include "analysis/unit_costs.h"
 #include "proto/config.pb.h"
 
 namespace interlock {

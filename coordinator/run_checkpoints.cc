@@ -7,7 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "services/status_macros.h"
+#include "plan/status_macros.h"
 #include "services/wire_codec.h"
 
 namespace interlock {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "plan/status_macros.h"
 #include "services/models.h"
-#include "services/status_macros.h"
 #include "services/trainer.h"
 #include "services/wire_codec.h"
 

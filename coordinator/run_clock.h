@@ -1,7 +1,7 @@
-// The run's virtual model-parallel clock (DESIGN §2.2): feeds the measured
-// durations of every micro-batch and optimizer step into the replay
-// (analysis' PipelineSim), once each even when a recovery replays them, and
-// answers the run's questions in the run's step numbers: when a step ended
+// The run's virtual model-parallel clock (ARCHITECTURE: the virtual clock):
+// feeds the measured durations of every micro-batch and optimizer step into the
+// replay (analysis' PipelineSim), once each even when a recovery replays them,
+// and answers the run's questions in the run's step numbers: when a step ended
 // on the virtual clock, whether a budget is reached, the summary figures.
 // A resumed run replays from the step it resumed at, after the checkpoint's
 // virtual time. With block replicas each replica is a track of its own and
@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "analysis/virtual_clock.h"
-#include "coordinator/topology.h"
+#include "plan/topology.h"
 #include "proto/config.pb.h"
 #include "services/data.h"
 

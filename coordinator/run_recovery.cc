@@ -5,8 +5,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "plan/status_macros.h"
 #include "rpc/status.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace {

@@ -50,9 +50,12 @@ class RunRecovery {
   // checkpoint to resume from, restores the engine, the ledger, the clock's
   // base and the evaluations from it.
   absl::StatusOr<ResumePoint> Resume();
-  // Whether a checkpoint is due after `steps` steps.
-  bool Due(int64_t steps) const {
-    return checkpoints_ && o_.every > 0 && steps % o_.every == 0;
+  // Whether a checkpoint is due after `steps` of the run's `total` steps:
+  // every `every` steps, and after the last so that `interlock export` can
+  // take the trained network.
+  bool Due(int64_t steps, int64_t total) const {
+    return checkpoints_ && o_.every > 0 &&
+           (steps % o_.every == 0 || steps == total);
   }
   // A checkpoint of `steps` completed steps (the chain is idle). Returns its
   // folder.

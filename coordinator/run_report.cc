@@ -4,9 +4,9 @@
 #include "absl/strings/str_join.h"
 #include "analysis/run_files.h"
 #include "analysis/timeline.h"
+#include "plan/status_macros.h"
 #include "services/digest.h"
 #include "services/models.h"
-#include "services/status_macros.h"
 #include "services/wire_codec.h"
 
 namespace interlock {

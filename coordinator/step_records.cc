@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "analysis/run_files.h"
-#include "services/status_macros.h"
+#include "plan/status_macros.h"
 #include "services/trainer.h"
 
 namespace interlock {

@@ -5,7 +5,6 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "analysis/replica_routes.h"
 #include "coordinator/engine_factory.h"
 #include "coordinator/evaluation.h"
 #include "coordinator/partition.h"
@@ -13,11 +12,12 @@
 #include "coordinator/run_recovery.h"
 #include "coordinator/run_report.h"
 #include "coordinator/run_state.h"
-#include "coordinator/topology.h"
+#include "plan/replica_routes.h"
+#include "plan/status_macros.h"
+#include "plan/topology.h"
 #include "services/calibration.h"
 #include "services/config.h"
 #include "services/op_profile.h"
-#include "services/status_macros.h"
 #include "services/wire_codec.h"
 
 namespace interlock {
@@ -211,7 +211,7 @@ class Runner {
       const bool eval_due = every > 0 && (s + 1) % every == 0 &&
                             s + 1 < plan.steps() &&
                             (s_.evals.empty() || s_.evals.back().step <= s);
-      const bool checkpoint_due = recovery_.Due(s + 1);
+      const bool checkpoint_due = recovery_.Due(s + 1, plan.steps());
       // Both need an idle chain: finish step s everywhere first.
       if (eval_due || checkpoint_due) {
         RETURN_IF_ERROR(DrainThrough(s));
@@ -219,8 +219,8 @@ class Runner {
       }
       if (eval_due) RETURN_IF_ERROR(EvaluateAt(s + 1));
       if (checkpoint_due) RETURN_IF_ERROR(recovery_.Take(s + 1).status());
-      // Joins and leaves (DESIGN §2.4) take effect at a step boundary, with
-      // the chain idle.
+      // Joins and leaves (ARCHITECTURE: replicas) take effect at a step
+      // boundary, with the chain idle.
       if (s + 1 < total_ && engine_.MembershipPending()) {
         const auto t0 = absl::Now();
         RETURN_IF_ERROR(DrainThrough(s));
@@ -419,8 +419,8 @@ class Runner {
   }
 
   // The routes of step s in proportion to each replica's measured
-  // throughput (DESIGN §2.4), the same for the engine and the clock; empty
-  // (the engine splits equally) in process, where replicas are only
+  // throughput (ARCHITECTURE: replicas), the same for the engine and the clock;
+  // empty (the engine splits equally) in process, where replicas are only
   // modelled, with RING, whose sums depend on which replica ran what, and
   // until every replica of the step's topology (a joiner too) has run a few
   // micro-batches. The clock was told `workers` for this step, so its rates
@@ -440,7 +440,7 @@ class Runner {
   }
 
   const RunConfig& c_;
-  // Worker replicas per block (DESIGN §2.4): the topology's counts.
+  // Worker replicas per block (ARCHITECTURE: replicas): the topology's counts.
   std::vector<int> Replicas() const {
     std::vector<int> r = o_.engine.workers.empty()
                              ? o_.engine.replicas
@@ -473,6 +473,9 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
                                   const TrainOptions& options) {
   RunConfig config = config_in;
   ApplyDefaults(config);
+  // The spec the workers are sent describes the model on its own (a
+  // scripted model's manifest), read once here.
+  RETURN_IF_ERROR(ResolveModelSpec(config.mutable_model()));
   RETURN_IF_ERROR(ValidateRunConfig(config));
   // Held until the run returns; a second run on the same folder is refused
   // here, before it loads data or starts workers.
@@ -491,10 +494,8 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
   // is locked by now.
   RETURN_IF_ERROR(ResolveAutoPartition(
       config, out.empty() ? "" : out + "/units", *options.output.log));
-  const int64_t context = config.model().has_transformer()
-                              ? config.model().transformer().context()
-                              : 1;
-  ASSIGN_OR_RETURN(DataSplits data, LoadData(config.data(), context));
+  ASSIGN_OR_RETURN(DataSplits data,
+                   LoadData(config.data(), TextContext(config.model())));
   std::unique_ptr<CoordinatorMetrics> metrics;
   if (options.output.metrics_port >= 0) {
     ASSIGN_OR_RETURN(metrics,

@@ -51,7 +51,7 @@ struct EngineOptions {
   // In-process: blocks one after the other, or one thread each.
   Schedule schedule = Schedule::kSequential;
   // Cluster: worker addresses by block, then replica (--workers,
-  // coordinator/topology.h); empty starts a local cluster of
+  // plan/topology.h); empty starts a local cluster of
   // interlock-worker processes on loopback, `replicas[k]` for block k
   // (empty: one each).
   std::vector<std::vector<std::string>> workers;
@@ -68,8 +68,8 @@ struct EngineOptions {
   // workers choose their own (their --device), so they take none here.
   std::vector<c10::Device> devices;
   // Cluster: the membership service workers join and leave through
-  // (DESIGN §2.4) listens on coordinator_host:coordinator_port (-1: off,
-  // 0: any free port; coordinator_port_file, if set, receives the port).
+  // (ARCHITECTURE: replicas) listens on coordinator_host:coordinator_port (-1:
+  // off, 0: any free port; coordinator_port_file, if set, receives the port).
   int coordinator_port = -1;
   std::string coordinator_host = "0.0.0.0";
   std::string coordinator_port_file;

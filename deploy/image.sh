@@ -5,11 +5,17 @@
 #   deploy/image.sh base    # only the Debian 12 base image (debootstrap)
 #   deploy/image.sh build   # base if missing, then deploy/Containerfile
 #   deploy/image.sh test    # smoke test of the built image (buildah run)
+#   deploy/image.sh context DIR [head|worktree]
+#                           # only the build context, written into DIR
 #
 # The image is built from the committed tree (git archive HEAD), so edits in
-# progress never end up in it. When no Debian 12 base image is in buildah's
-# store, one is made with debootstrap from the apt mirror this machine uses;
-# the root file system tarball is cached under .cache/image/.
+# progress never end up in it; the Containerfile's build stage copies that
+# whole context. `context DIR worktree` makes the same context from the files
+# the next commit would hold (tracked and untracked, not ignored):
+# tests/deploy/image_context_test.sh checks it against the Containerfile.
+# When no Debian 12 base image is in buildah's store, one is made with
+# debootstrap from the apt mirror this machine uses; the root file system
+# tarball is cached under .cache/image/.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,7 +45,32 @@ host_mirror() {
 
 have_image() { buildah inspect --type image "$1" >/dev/null 2>&1; }
 
+# Writes the build context into DIR (created; must be empty): 'head' is the
+# committed tree (git archive HEAD), what `build` uses; 'worktree' is the
+# working tree's tracked and untracked, not ignored files that exist.
+make_context() {
+  local dir="$1" from="${2:-head}"
+  git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1 || die "$ROOT is not a git checkout"
+  mkdir -p "$dir"
+  [[ -z "$(ls -A "$dir")" ]] || die "context folder $dir is not empty"
+  case "$from" in
+    head)
+      git -C "$ROOT" rev-parse --verify -q HEAD >/dev/null || die "no commit to build"
+      git -C "$ROOT" archive HEAD | tar -x -C "$dir"
+      ;;
+    worktree)
+      git -C "$ROOT" ls-files -z --cached --others --exclude-standard \
+        | while IFS= read -r -d '' f; do
+            if [[ -e "$ROOT/$f" || -L "$ROOT/$f" ]]; then printf '%s\0' "$f"; fi
+          done \
+        | tar -C "$ROOT" --null --no-recursion -T - -cf - | tar -x -C "$dir"
+      ;;
+    *) die "unknown context source '$from'; expected head or worktree" ;;
+  esac
+}
+
 build_base() {
+  mkdir -p "$CACHE"
   if have_image "$BASE_IMAGE"; then
     log "base $BASE_IMAGE already present"
     return
@@ -79,7 +110,7 @@ build_image() {
   local ctx start
   ctx=$(mktemp -d "$CACHE/context.XXXXXX")
   trap 'rm -rf "$ctx"' RETURN
-  git -C "$ROOT" archive HEAD | tar -x -C "$ctx"
+  make_context "$ctx" head
   log "building $IMAGE from $(git -C "$ROOT" rev-parse --short HEAD) (JOBS=$JOBS)"
   start=$(date +%s)
   buildah bud --isolation chroot --layers \
@@ -141,10 +172,13 @@ smoke_test() {
   buildah run --isolation chroot "$ctr" -- sh -c "$SMOKE_SCRIPT"
 }
 
-mkdir -p "$CACHE"
 case "${1:-build}" in
   base) build_base ;;
   build) build_image ;;
   test) smoke_test ;;
-  *) die "unknown command '${1}'; expected base, build or test" ;;
+  context)
+    [[ $# -ge 2 && $# -le 3 ]] || die "usage: deploy/image.sh context DIR [head|worktree]"
+    make_context "$2" "${3:-head}"
+    ;;
+  *) die "unknown command '${1}'; expected base, build, test or context" ;;
 esac

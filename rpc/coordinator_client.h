@@ -1,5 +1,5 @@
-// A worker's calls to the coordinator's membership service (DESIGN §2.4):
-// join a block's replicas when started with --coordinator, leave on
+// A worker's calls to the coordinator's membership service (ARCHITECTURE:
+// replicas): join a block's replicas when started with --coordinator, leave on
 // SIGTERM.
 #ifndef INTERLOCK_RPC_COORDINATOR_CLIENT_H_
 #define INTERLOCK_RPC_COORDINATOR_CLIENT_H_

@@ -24,8 +24,11 @@ OPS_PACKAGES=(prometheus buildah debootstrap openssl ca-certificates iproute2)
 # Tests make TLS certificates with the openssl CLI (above); `make fuzz` builds
 # with clang 14 and its libFuzzer/sanitizer runtimes.
 FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev)
+# The Python package (python/): export a user's model to TorchScript, load a
+# trained one. The same PyTorch release (1.13) as libtorch-dev.
+PY_PACKAGES=(python3-torch python3-numpy)
 if ((BUILD_ONLY == 0)); then
-  PACKAGES+=("${OPS_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}")
+  PACKAGES+=("${OPS_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}" "${PY_PACKAGES[@]}")
   if ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
 fi
 

@@ -1,10 +1,10 @@
 // The block host: one executor (a thread and a FIFO of tasks) that owns a
 // block's BlockDriver. Every touch of the block happens on the executor, in
 // the order posted; with one intra-op thread that keeps the block
-// deterministic (DESIGN §2). The worker (worker/worker_core.h) and the
-// in-process engine (coordinator/inprocess_engine.cc) both host their blocks
-// here and add only their wiring: network links, or in-memory delivery to
-// the neighbouring host.
+// deterministic (ARCHITECTURE: layers). The worker (worker/worker_core.h) and
+// the in-process engine (coordinator/inprocess_engine.cc) both host their
+// blocks here and add only their wiring: network links, or in-memory delivery
+// to the neighbouring host.
 #ifndef INTERLOCK_SERVICES_BLOCK_HOST_H_
 #define INTERLOCK_SERVICES_BLOCK_HOST_H_
 

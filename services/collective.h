@@ -1,6 +1,7 @@
 // A group of processes that reduce tensors together: the replicas of one
-// block (DESIGN §2.4). The interface has no collective library's types; the
-// implementation over LibTorch's c10d Gloo process group is in collective/.
+// block (ARCHITECTURE: replicas). The interface has no collective library's
+// types; the implementation over LibTorch's c10d Gloo process group is in
+// collective/.
 #ifndef INTERLOCK_SERVICES_COLLECTIVE_H_
 #define INTERLOCK_SERVICES_COLLECTIVE_H_
 

@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "plan/status_macros.h"
 #include "services/models.h"
 #include "services/optim.h"
 #include "services/sha256.h"
-#include "services/status_macros.h"
 #include "services/wire_codec.h"
 
 namespace interlock {
@@ -222,11 +222,8 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
           absl::StrCat(field, ": ", built.status().message()));
     }
   }
-  if (c.model().has_transformer() &&
-      c.data().kind() != interlock::v1::DataSpec::TEXT &&
-      c.data().kind() != interlock::v1::DataSpec::SYNTHETIC_TEXT) {
-    return absl::InvalidArgumentError(
-        "data.kind: the transformer needs TEXT or SYNTHETIC_TEXT data");
+  if (!c.model().has_scale()) {
+    RETURN_IF_ERROR(CheckModelData(c.model(), c.data().kind()));
   }
   // Partition and head strings are checked by building the model on a
   // stand-in shape of the configured data kind (cheap for our sizes).
@@ -237,8 +234,7 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
     case DataSpec::SYNTHETIC_TEXT:
       shape.is_text = true;
       shape.classes = 256;
-      shape.context =
-          c.model().has_transformer() ? c.model().transformer().context() : 1;
+      shape.context = TextContext(c.model());
       break;
     case DataSpec::CIFAR10:
     case DataSpec::CIFAR100:
@@ -272,8 +268,8 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
     // that K fits the model and that the head fits every cut.
     interlock::v1::ModelSpec model = c.model();
     if (model.partition() == kAutoPartition) model.clear_partition();
-    auto built =
-        BuildModel(model, shape, t.mode() != TrainingSpec::E2E && k > 1, 0);
+    auto built = BuildModel(
+        model, shape, t.mode() != TrainingSpec::E2E && k > 1, 0, kCheckOnly);
     if (!built.ok()) return built.status();
   }
   return absl::OkStatus();

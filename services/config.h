@@ -27,7 +27,7 @@ absl::Status ValidateRunConfig(const interlock::v1::RunConfig& config);
 
 // SHA-256 (hex) of the model a run trains (architecture, partition, heads,
 // after defaults): a worker registering for a block of another model is
-// refused (DESIGN §2.4).
+// refused (ARCHITECTURE: replicas).
 std::string ModelFingerprint(const interlock::v1::RunConfig& config);
 
 // The largest learning rate a block accepts: parameters are float32, and

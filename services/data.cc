@@ -16,8 +16,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "plan/status_macros.h"
 #include "services/data_internal.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace data_internal {

@@ -8,9 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "plan/status_macros.h"
 #include "services/data.h"
+#include "services/data_info.h"
 #include "services/data_internal.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace data_internal {
@@ -63,6 +64,13 @@ class TensorDataset : public Dataset {
 
 // Converts uint8 images [N, C, H, W] to float32 scaled to [0, 1] and
 // normalised per channel.
+// Per-channel mean and standard deviation of the training images scaled to
+// [0, 1] (DataInfoOf tells exports).
+const std::vector<double> kFashionMnistMean = {0.2860};
+const std::vector<double> kFashionMnistStd = {0.3530};
+const std::vector<double> kCifarMean = {0.4914, 0.4822, 0.4465};
+const std::vector<double> kCifarStd = {0.2470, 0.2435, 0.2616};
+
 torch::Tensor NormaliseImages(const torch::Tensor& bytes,
                               const std::vector<double>& mean,
                               const std::vector<double>& std) {
@@ -152,7 +160,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxSplit(const std::string& dir,
   const int64_t kept = Capped(static_cast<int64_t>(n), cap);
   const torch::Tensor raw = torch::from_blob(
       images.data() + 16, {kept, 1, kMnistSide, kMnistSide}, torch::kUInt8);
-  torch::Tensor inputs = NormaliseImages(raw, {0.2860}, {0.3530});
+  torch::Tensor inputs =
+      NormaliseImages(raw, kFashionMnistMean, kFashionMnistStd);
   torch::Tensor targets =
       torch::from_blob(const_cast<unsigned char*>(label_bytes), {kept},
                        torch::kUInt8)
@@ -234,8 +243,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadCifarSplit(
     }
   }
   contents.clear();
-  torch::Tensor inputs = NormaliseImages(pixels, {0.4914, 0.4822, 0.4465},
-                                         {0.2470, 0.2435, 0.2616});
+  torch::Tensor inputs = NormaliseImages(pixels, kCifarMean, kCifarStd);
   return std::unique_ptr<Dataset>(
       new TensorDataset(std::move(inputs), std::move(targets)));
 }
@@ -453,4 +461,31 @@ absl::StatusOr<DataSplits> LoadInline(const DataSpec& spec) {
 }
 
 }  // namespace data_internal
+DataInfo DataInfoOf(const v1::DataSpec& spec) {
+  using v1::DataSpec;
+  DataInfo info;
+  switch (spec.kind()) {
+    case DataSpec::FASHION_MNIST:
+      info.mean = data_internal::kFashionMnistMean;
+      info.std = data_internal::kFashionMnistStd;
+      info.class_names = {"T-shirt/top", "Trouser",   "Pullover", "Dress",
+                          "Coat",        "Sandal",    "Shirt",    "Sneaker",
+                          "Bag",         "Ankle boot"};
+      break;
+    case DataSpec::CIFAR10:
+      info.mean = data_internal::kCifarMean;
+      info.std = data_internal::kCifarStd;
+      info.class_names = {"airplane", "automobile", "bird",  "cat",  "deer",
+                          "dog",      "frog",       "horse", "ship", "truck"};
+      break;
+    case DataSpec::CIFAR100:
+      info.mean = data_internal::kCifarMean;
+      info.std = data_internal::kCifarStd;
+      break;
+    default:
+      break;
+  }
+  return info;
+}
+
 }  // namespace interlock

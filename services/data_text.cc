@@ -7,9 +7,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "plan/status_macros.h"
 #include "services/data.h"
 #include "services/data_internal.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace data_internal {

@@ -12,7 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "services/status_macros.h"
+#include "plan/status_macros.h"
 
 namespace interlock {
 

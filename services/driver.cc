@@ -1,7 +1,7 @@
 #include "services/driver.h"
 
 #include "absl/strings/str_cat.h"
-#include "services/status_macros.h"
+#include "plan/status_macros.h"
 
 namespace interlock {
 namespace {

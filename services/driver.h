@@ -1,8 +1,8 @@
 // The per-block schedule around a BlockTrainer: orders micro-batches, defers
 // the next step's forwards until this block's optimizer step, merges the loss
-// reports coming up from below, and decides when to step (DESIGN §2). Both the
-// in-process runner and the worker service feed it; it is not thread-safe and
-// must be driven from one thread (its BlockHost's executor).
+// reports coming up from below, and decides when to step (ARCHITECTURE:
+// layers). Both the in-process runner and the worker service feed it; it is not
+// thread-safe and must be driven from one thread (its BlockHost's executor).
 #ifndef INTERLOCK_SERVICES_DRIVER_H_
 #define INTERLOCK_SERVICES_DRIVER_H_
 
@@ -26,8 +26,8 @@ class BlockDriver {
     std::function<void(StepDone)> step_done;
   };
   // `first_step` is the step the block expects next (non-zero on resume).
-  // `replica`: which replica of its block this is (DESIGN §2.4); it runs
-  // the micro-batches each step's routes give it (all of them when a
+  // `replica`: which replica of its block this is (ARCHITECTURE: replicas); it
+  // runs the micro-batches each step's routes give it (all of them when a
   // message has no routes).
   BlockDriver(std::unique_ptr<BlockTrainer> trainer, Callbacks callbacks,
               int64_t first_step = 0, int replica = 0);

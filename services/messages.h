@@ -26,7 +26,7 @@ struct ForwardMsg {
   // Decoding found every input value finite in the pass that copied them;
   // false: the receiver checks (services/wire_codec.h).
   bool input_finite = false;
-  // The step's routing when blocks have replicas (DESIGN §2.4):
+  // The step's routing when blocks have replicas (ARCHITECTURE: replicas):
   // routes[m * K + k] is the replica of block k that runs micro-batch m.
   // Empty: every block has one replica.
   std::vector<int32_t> routes;

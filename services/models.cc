@@ -1,17 +1,18 @@
-// Models cut depth-wise into blocks: the family a ModelSpec names as units
-// (the scale test model and the MLP here, ResNet and the transformer in
-// resnet.cc and transformer.cc), the partition into blocks, the auxiliary
-// heads and the blocks' output shapes.
+// Models cut depth-wise into blocks: the registry of model families (the MLP
+// here, ResNet, the transformer and scripted TorchScript units in files of
+// their own), the scale test model, the partition into blocks, the
+// auxiliary heads and the blocks' output shapes.
 #include "services/models.h"
 
 #include <mutex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "plan/status_macros.h"
 #include "services/models_internal.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace {
@@ -19,14 +20,13 @@ namespace {
 namespace nn = torch::nn;
 using interlock::v1::ModelSpec;
 using models_internal::DecoderLayer;
-using models_internal::ResNetUnits;
+using models_internal::Family;
 using models_internal::Shape;
-using models_internal::TransformerUnits;
 using models_internal::Unit;
 
 torch::Tensor Relu(torch::Tensor x) { return torch::relu(x); }
 
-// theta * x elementwise (the test model of DESIGN §1).
+// theta * x elementwise (the worked examples' test model).
 struct ScaleImpl : nn::Module {
   explicit ScaleImpl(const std::vector<float>& init) {
     theta = register_parameter(
@@ -78,6 +78,44 @@ absl::StatusOr<std::vector<Unit>> MlpUnits(const interlock::v1::MlpSpec& m,
   units.push_back({nn::AnyModule(nn::Linear(in, data.classes)),
                    Shape{Shape::kVector, data.classes, 1, 1}});
   return units;
+}
+
+class Mlp : public Family {
+ public:
+  const char* name() const override { return "mlp"; }
+  bool Describes(const ModelSpec& spec) const override {
+    return spec.has_mlp();
+  }
+  absl::StatusOr<int> NumUnits(const ModelSpec& spec) const override {
+    // The hidden layers and the classifier.
+    return spec.mlp().hidden_size() + 1;
+  }
+  absl::StatusOr<std::vector<Unit>> Units(
+      const ModelSpec& spec, const DataShape& data,
+      const std::vector<bool>& wanted) const override {
+    return MlpUnits(spec.mlp(), data);
+  }
+};
+
+// Every family, in the order of ModelSpec's fields.
+const std::vector<const Family*>& Families() {
+  static const auto* families = new std::vector<const Family*>{
+      &models_internal::ResNetFamily(), &models_internal::TransformerFamily(),
+      &models_internal::MlpFamily(), &models_internal::ScriptedFamily()};
+  return *families;
+}
+
+// The family of the spec; INVALID_ARGUMENT when it names none (the scale
+// test model is built as blocks, not units, and has none).
+absl::StatusOr<const Family*> FamilyOf(const ModelSpec& spec) {
+  for (const Family* f : Families()) {
+    if (f->Describes(spec)) return f;
+  }
+  std::vector<std::string> names;
+  for (const Family* f : Families()) names.push_back(f->name());
+  return absl::InvalidArgumentError(
+      absl::StrCat("model: no family set (", absl::StrJoin(names, ", "),
+                   "; or scale for the worked examples)"));
 }
 
 absl::StatusOr<std::vector<float>> ScaleValues(
@@ -175,6 +213,13 @@ std::mutex& InitMutex() {
 
 }  // namespace
 
+namespace models_internal {
+const Family& MlpFamily() {
+  static const Mlp* family = new Mlp;
+  return *family;
+}
+}  // namespace models_internal
+
 absl::StatusOr<int> NumBlocks(const ModelSpec& spec) {
   if (spec.has_scale()) return spec.scale().block_init_size();
   if (spec.partition() == kAutoPartition) {
@@ -197,29 +242,35 @@ absl::StatusOr<int> NumBlocks(const ModelSpec& spec) {
 }
 
 absl::StatusOr<int> NumUnits(const ModelSpec& spec) {
-  if (spec.has_resnet()) {
-    // "planes,blocks/planes,blocks/...": stem, the residual blocks, the
-    // classifier. ResNetUnits checks the string in full.
-    int units = 2;
-    for (absl::string_view stage :
-         absl::StrSplit(spec.resnet().architecture(), '/')) {
-      std::vector<absl::string_view> parts = absl::StrSplit(stage, ',');
-      int blocks = 0;
-      if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &blocks) ||
-          blocks <= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("model.resnet.architecture: stage '", stage,
-                         "' must be 'planes,blocks'"));
-      }
-      units += blocks;
-    }
-    return units;
+  if (spec.has_scale()) {
+    return absl::InvalidArgumentError(
+        "model.scale: built as blocks, not from units that a partition cuts");
   }
-  if (spec.has_transformer()) return spec.transformer().layers() + 2;
-  if (spec.has_mlp()) return spec.mlp().hidden_size() + 1;
-  return absl::InvalidArgumentError(
-      "model: only resnet, transformer and mlp models are built from units "
-      "that a partition cuts");
+  ASSIGN_OR_RETURN(const Family* family, FamilyOf(spec));
+  return family->NumUnits(spec);
+}
+
+absl::Status ResolveModelSpec(ModelSpec* spec) {
+  if (spec->has_scale()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const Family* family, FamilyOf(*spec));
+  return family->Resolve(spec);
+}
+
+int64_t TextContext(const ModelSpec& spec) {
+  auto family = FamilyOf(spec);
+  return family.ok() ? (*family)->TextContext(spec) : 1;
+}
+
+bool ChannelsLast(const ModelSpec& spec) {
+  auto family = FamilyOf(spec);
+  return family.ok() && (*family)->ChannelsLast(spec);
+}
+
+absl::Status CheckModelData(const ModelSpec& spec,
+                            interlock::v1::DataSpec::Kind kind) {
+  auto family = FamilyOf(spec);
+  if (!family.ok()) return absl::OkStatus();
+  return (*family)->CheckData(spec, kind);
 }
 
 FinalLoss FinalLossOf(const ModelSpec& spec) {
@@ -231,7 +282,8 @@ FinalLoss FinalLossOf(const ModelSpec& spec) {
 absl::StatusOr<std::vector<BlockModules>> BuildModel(const ModelSpec& spec,
                                                      const DataShape& shape,
                                                      bool with_heads,
-                                                     uint64_t seed) {
+                                                     uint64_t seed,
+                                                     int keep_block) {
   // The default generator is process-wide: building under one lock keeps
   // initial values independent of what other threads do.
   std::lock_guard<std::mutex> lock(InitMutex());
@@ -266,40 +318,54 @@ absl::StatusOr<std::vector<BlockModules>> BuildModel(const ModelSpec& spec,
       }
       return blocks;
     }
-    absl::StatusOr<std::vector<Unit>> units;
-    if (spec.has_resnet()) {
-      units = ResNetUnits(spec.resnet(), shape);
-    } else if (spec.has_transformer()) {
-      units = TransformerUnits(spec.transformer(), shape);
-    } else if (spec.has_mlp()) {
-      units = MlpUnits(spec.mlp(), shape);
-    } else {
-      return absl::InvalidArgumentError(
-          "model: no family set (resnet, transformer, mlp or scale)");
+    ASSIGN_OR_RETURN(const Family* family, FamilyOf(spec));
+    ASSIGN_OR_RETURN(const int num_units, family->NumUnits(spec));
+    ASSIGN_OR_RETURN(
+        const std::vector<int> counts,
+        ParsePartition(spec.partition(), num_units, spec.blocks()));
+    if (keep_block >= static_cast<int>(counts.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block ", keep_block, " outside [0, ", counts.size(), ")"));
     }
-    if (!units.ok()) return units.status();
-    auto counts = ParsePartition(
-        spec.partition(), static_cast<int>(units->size()), spec.blocks());
-    if (!counts.ok()) return counts.status();
+    std::vector<bool> wanted(num_units, keep_block == -1);
+    std::vector<int> last_unit;  // of each block
+    for (int k = 0, next = 0; k < static_cast<int>(counts.size()); ++k) {
+      for (int i = 0; i < counts[k]; ++i, ++next) {
+        if (k == keep_block) wanted[next] = true;
+      }
+      last_unit.push_back(next - 1);
+    }
+    ASSIGN_OR_RETURN(std::vector<Unit> units,
+                     family->Units(spec, shape, wanted));
+    if (static_cast<int>(units.size()) != num_units) {
+      return absl::InternalError(absl::StrCat("model.", family->name(),
+                                              ": built ", units.size(),
+                                              " units, counted ", num_units));
+    }
     size_t next = 0;
-    std::vector<Shape> out_shapes;
-    for (int c : *counts) {
+    for (int c : counts) {
       BlockModules b;
       b.block = nn::Sequential();
       for (int i = 0; i < c; ++i, ++next) {
-        b.block->push_back((*units)[next].module);
+        b.block->push_back(units[next].module);
       }
-      out_shapes.push_back((*units)[next - 1].out);
       blocks.push_back(std::move(b));
     }
     if (with_heads) {
       for (size_t k = 0; k + 1 < blocks.size(); ++k) {
+        const int unit = last_unit[k];
+        if (family->HasUserHead(spec, unit)) {
+          // Loaded only where it will be used.
+          if (keep_block == -1 || keep_block == static_cast<int>(k)) {
+            ASSIGN_OR_RETURN(blocks[k].head, family->UserHead(spec, unit));
+          }
+          continue;
+        }
         // Heads draw from their own stream so block values do not depend on
         // whether heads exist.
         torch::manual_seed(seed ^ (0x9E3779B97F4A7C15ULL * (k + 1)));
-        auto head = BuildHead(spec, out_shapes[k], shape);
-        if (!head.ok()) return head.status();
-        blocks[k].head = *head;
+        ASSIGN_OR_RETURN(blocks[k].head,
+                         BuildHead(spec, units[unit].out, shape));
       }
     }
     return blocks;
@@ -322,6 +388,25 @@ std::vector<int64_t> TargetShape(const DataShape& shape) {
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> BlockOutputShapes(
     const ModelSpec& spec, const DataShape& shape) {
+  // A family that knows its units' shapes is not built (a worker holds only
+  // its own block's scripted units).
+  if (!spec.has_scale()) {
+    ASSIGN_OR_RETURN(const Family* family, FamilyOf(spec));
+    ASSIGN_OR_RETURN(auto unit_shapes, family->UnitOutputShapes(spec));
+    if (!unit_shapes.empty()) {
+      ASSIGN_OR_RETURN(
+          const std::vector<int> counts,
+          ParsePartition(spec.partition(), static_cast<int>(unit_shapes.size()),
+                         spec.blocks()));
+      std::vector<std::vector<int64_t>> out;
+      int next = 0;
+      for (int c : counts) {
+        next += c;
+        out.push_back(unit_shapes[next - 1]);
+      }
+      return out;
+    }
+  }
   ASSIGN_OR_RETURN(ModelProbe probe,
                    ProbeModel(spec, shape, /*with_heads=*/false));
   return std::move(probe.output_shapes);

@@ -1,6 +1,8 @@
 // What the model files share: the unit a family is built from, the family
-// builders of resnet.cc and transformer.cc, and the transformer layers that
-// auxiliary heads reuse. Private to services/models.cc and its families.
+// interface every model family implements (one file each: resnet.cc,
+// transformer.cc, scripted.cc, the MLP in models.cc), and the transformer
+// layers that auxiliary heads reuse. Private to services/models.cc and its
+// families.
 #ifndef INTERLOCK_SERVICES_MODELS_INTERNAL_H_
 #define INTERLOCK_SERVICES_MODELS_INTERNAL_H_
 
@@ -30,13 +32,72 @@ struct Unit {
   Shape out;
 };
 
-// resnet.cc
-absl::StatusOr<std::vector<Unit>> ResNetUnits(
-    const interlock::v1::ResNetSpec& r, const DataShape& data);
+// A model family: what the `family` field of a ModelSpec names. A family
+// is built from units that a partition cuts into blocks; everything else
+// (the cut, the heads, initial seeds, the trainer, checkpoints, the clock)
+// is the same for every family. Adding one: a class in its own file, its
+// ModelSpec field in proto/config.proto, one line in Families()
+// (models.cc).
+class Family {
+ public:
+  virtual ~Family() = default;
+  // Its ModelSpec field: "resnet", "transformer", ...
+  virtual const char* name() const = 0;
+  virtual bool Describes(const interlock::v1::ModelSpec& spec) const = 0;
+  // Completes the spec with what the family reads from files before a run
+  // (ResolveModelSpec, models.h).
+  virtual absl::Status Resolve(interlock::v1::ModelSpec* spec) const {
+    return absl::OkStatus();
+  }
+  // The units a partition counts, from the spec alone.
+  virtual absl::StatusOr<int> NumUnits(
+      const interlock::v1::ModelSpec& spec) const = 0;
+  // Builds the units in order under the caller's seed. `wanted[u]` says
+  // whether unit u will be kept (a worker keeps one block's); a family whose
+  // initial values come from the seed builds every unit anyway, so values do
+  // not depend on what is kept, and one that loads them may leave the
+  // others as stand-ins that refuse to run.
+  virtual absl::StatusOr<std::vector<Unit>> Units(
+      const interlock::v1::ModelSpec& spec, const DataShape& data,
+      const std::vector<bool>& wanted) const = 0;
+  // The output shape of every unit without building any, when the family
+  // knows them (empty otherwise: the caller runs a zero sample through).
+  virtual absl::StatusOr<std::vector<std::vector<int64_t>>> UnitOutputShapes(
+      const interlock::v1::ModelSpec& spec) const {
+    return std::vector<std::vector<int64_t>>{};
+  }
+  // Whether the user gave the head of a block ending at unit `unit` (else
+  // model.head builds it), and that head.
+  virtual bool HasUserHead(const interlock::v1::ModelSpec& spec,
+                           int unit) const {
+    return false;
+  }
+  virtual absl::StatusOr<nn::Sequential> UserHead(
+      const interlock::v1::ModelSpec& spec, int unit) const {
+    return absl::UnimplementedError("no user heads in this family");
+  }
+  // Tokens per sample of the text data the model reads (1: not text).
+  virtual int64_t TextContext(const interlock::v1::ModelSpec& spec) const {
+    return 1;
+  }
+  // Whether the model can read data of this kind.
+  virtual absl::Status CheckData(const interlock::v1::ModelSpec& spec,
+                                 interlock::v1::DataSpec::Kind kind) const {
+    return absl::OkStatus();
+  }
+  // Whether blocks and heads compute in NHWC (the trainer converts them).
+  virtual bool ChannelsLast(const interlock::v1::ModelSpec& spec) const {
+    return false;
+  }
+};
 
-// transformer.cc
-absl::StatusOr<std::vector<Unit>> TransformerUnits(
-    const interlock::v1::TransformerSpec& t, const DataShape& data);
+// The families, one instance each: ResNet (resnet.cc), the transformer
+// (transformer.cc), the MLP (models.cc), scripted TorchScript units
+// (scripted.cc).
+const Family& ResNetFamily();
+const Family& TransformerFamily();
+const Family& MlpFamily();
+const Family& ScriptedFamily();
 
 // The transformer's choices with the spec's defaults resolved.
 struct TransformerOptions {

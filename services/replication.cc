@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "plan/status_macros.h"
 #include "services/norm_kernels.h"
-#include "services/status_macros.h"
 #include "services/torch_guard.h"
 
 namespace interlock {

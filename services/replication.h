@@ -1,6 +1,6 @@
 // What a BlockTrainer keeps during a step when its block has replicas
-// (DESIGN §2.4), and the reduction that lets every replica apply the same
-// optimizer step. Each replica runs only the micro-batches routed to it.
+// (ARCHITECTURE: replicas), and the reduction that lets every replica apply the
+// same optimizer step. Each replica runs only the micro-batches routed to it.
 //
 // ORDERED keeps every micro-batch's gradient contribution apart (a row of an
 // M x P buffer), sums the rows over the replicas as integers (each row is

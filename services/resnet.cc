@@ -424,8 +424,6 @@ absl::StatusOr<std::vector<int64_t>> ParseIntList(const std::string& s,
   return out;
 }
 
-}  // namespace
-
 absl::StatusOr<std::vector<Unit>> ResNetUnits(
     const interlock::v1::ResNetSpec& r, const DataShape& data) {
   if (data.is_text || data.is_vector) {
@@ -494,6 +492,49 @@ absl::StatusOr<std::vector<Unit>> ResNetUnits(
   units.push_back({nn::AnyModule(Classifier(in, data.classes)),
                    Shape{Shape::kVector, data.classes, 1, 1}});
   return units;
+}
+
+class ResNet : public Family {
+ public:
+  const char* name() const override { return "resnet"; }
+  bool Describes(const interlock::v1::ModelSpec& spec) const override {
+    return spec.has_resnet();
+  }
+  absl::StatusOr<int> NumUnits(
+      const interlock::v1::ModelSpec& spec) const override {
+    // "planes,blocks/planes,blocks/...": stem, the residual blocks, the
+    // classifier. ResNetUnits checks the string in full.
+    int units = 2;
+    for (absl::string_view stage :
+         absl::StrSplit(spec.resnet().architecture(), '/')) {
+      std::vector<absl::string_view> parts = absl::StrSplit(stage, ',');
+      int blocks = 0;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &blocks) ||
+          blocks <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.resnet.architecture: stage '", stage,
+                         "' must be 'planes,blocks'"));
+      }
+      units += blocks;
+    }
+    return units;
+  }
+  absl::StatusOr<std::vector<Unit>> Units(
+      const interlock::v1::ModelSpec& spec, const DataShape& data,
+      const std::vector<bool>& wanted) const override {
+    return ResNetUnits(spec.resnet(), data);
+  }
+  bool ChannelsLast(const interlock::v1::ModelSpec& spec) const override {
+    return spec.resnet().memory_format() ==
+           interlock::v1::ResNetSpec::CHANNELS_LAST;
+  }
+};
+
+}  // namespace
+
+const Family& ResNetFamily() {
+  static const ResNet* family = new ResNet;
+  return *family;
 }
 
 }  // namespace models_internal

@@ -1,5 +1,5 @@
 // LibTorch reports errors as exceptions; the services report statuses
-// (DESIGN §6.3). The catch at the model boundary.
+//. The catch at the model boundary.
 #ifndef INTERLOCK_SERVICES_TORCH_GUARD_H_
 #define INTERLOCK_SERVICES_TORCH_GUARD_H_
 

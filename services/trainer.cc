@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "plan/status_macros.h"
 #include "services/calibration.h"
 #include "services/codec_kernels.h"
 #include "services/device.h"
 #include "services/replication.h"
-#include "services/status_macros.h"
 #include "services/torch_guard.h"
 #include "services/wire_codec.h"
 
@@ -100,9 +100,7 @@ TrainerOptions TrainerOptionsFromConfig(const interlock::v1::RunConfig& config,
   o.compute_unused = t.compute_unused_gradients();
   o.output_range = WireRange(config.wire().activations());
   o.upstream_range = WireRange(config.wire().gradients());
-  o.channels_last = config.model().has_resnet() &&
-                    config.model().resnet().memory_format() ==
-                        interlock::v1::ResNetSpec::CHANNELS_LAST;
+  o.channels_last = ChannelsLast(config.model());
   return o;
 }
 
@@ -144,7 +142,7 @@ absl::StatusOr<std::unique_ptr<BlockTrainer>> BlockTrainer::Create(
   TrainerOptions options = TrainerOptionsFromConfig(config, block, k_blocks);
   options.device = device;
   ASSIGN_OR_RETURN(auto all, BuildModel(config.model(), shape, !options.e2e,
-                                        config.training().seed()));
+                                        config.training().seed(), block));
   return FromModules(options, std::move(all[block]), config.optimizer());
 }
 
@@ -242,10 +240,14 @@ absl::StatusOr<bool> BlockTrainer::CheckUpstream(int mb, int i, bool marked,
 torch::Tensor BlockTrainer::OnDevice(torch::Tensor t) const {
   if (!t.defined()) return t;
   t = t.to(options_.device);
-  // Whatever layout a tensor arrived in (the wire carries NCHW), the block
-  // computes on one: the same bits in process and on a cluster.
+  // Whatever layout a tensor arrived in (the wire carries NCHW, the
+  // in-process engine hands over what the block above produced), the block
+  // computes on one: the same bits in process and on a cluster. A no-op for
+  // tensors already in that layout.
   if (options_.channels_last && t.dim() == 4) {
     t = t.contiguous(at::MemoryFormat::ChannelsLast);
+  } else {
+    t = t.contiguous();
   }
   return t;
 }

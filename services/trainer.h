@@ -1,6 +1,7 @@
-// The per-block trainer: the one place the interlocking rule lives (DESIGN
-// §1). Both the in-process runner and the worker service drive it; it has no
-// gRPC types and knows nothing about transports or threads.
+// The per-block trainer: the one place the interlocking rule lives
+// (docs/ARCHITECTURE.md, "The rule, precisely"). Both the in-process runner and
+// the worker service drive it; it has no gRPC types and knows nothing about
+// transports or threads.
 #ifndef INTERLOCK_SERVICES_TRAINER_H_
 #define INTERLOCK_SERVICES_TRAINER_H_
 
@@ -14,10 +15,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "plan/gradient_lists.h"
 #include "proto/config.pb.h"
 #include "services/collective.h"
 #include "services/data.h"
-#include "services/gradient_lists.h"
 #include "services/models.h"
 #include "services/optim.h"
 #include "services/state_archive.h"
@@ -142,14 +143,15 @@ class BlockTrainer {
       const interlock::v1::OptimizerSpec& optimizer);
   ~BlockTrainer();
 
-  // Makes this trainer one of the replicas of its block (DESIGN §2.4), at a
-  // step boundary. The caller then runs Forward, Entry and Backward only
-  // for the micro-batches routed here (in increasing order; every replica
-  // at least one per step), and Step reduces with `group` (every replica
-  // calls it) before all apply the same update. ORDERED gives parameters,
-  // buffers and optimizer state bitwise equal to one trainer that ran every
-  // micro-batch; RING sums per-replica gradients (services/replication.h).
-  // A null group or one of size 1 restores the single trainer.
+  // Makes this trainer one of the replicas of its block (ARCHITECTURE:
+  // replicas), at a step boundary. The caller then runs Forward, Entry and
+  // Backward only for the micro-batches routed here (in increasing order; every
+  // replica at least one per step), and Step reduces with `group` (every
+  // replica calls it) before all apply the same update. ORDERED gives
+  // parameters, buffers and optimizer state bitwise equal to one trainer that
+  // ran every micro-batch; RING sums per-replica gradients
+  // (services/replication.h). A null group or one of size 1 restores the single
+  // trainer.
   void SetReplicas(std::shared_ptr<Collective> group,
                    interlock::v1::TrainingSpec::Reduction mode);
 

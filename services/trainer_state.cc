@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "plan/status_macros.h"
 #include "services/replication.h"
 #include "services/state_archive.h"
-#include "services/status_macros.h"
 #include "services/torch_guard.h"
 #include "services/trainer.h"
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "plan/status_macros.h"
 #include "services/models_internal.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace models_internal {
@@ -152,8 +152,6 @@ struct LmHeadImpl : nn::Module {
 };
 TORCH_MODULE(LmHead);
 
-}  // namespace
-
 absl::StatusOr<std::vector<Unit>> TransformerUnits(
     const interlock::v1::TransformerSpec& t, const DataShape& data) {
   if (!data.is_text) {
@@ -181,6 +179,43 @@ absl::StatusOr<std::vector<Unit>> TransformerUnits(
   units.push_back({nn::AnyModule(LmHead(data.classes, o)),
                    Shape{Shape::kSequence, data.classes, t.context(), 1}});
   return units;
+}
+
+class Transformer : public Family {
+ public:
+  const char* name() const override { return "transformer"; }
+  bool Describes(const interlock::v1::ModelSpec& spec) const override {
+    return spec.has_transformer();
+  }
+  absl::StatusOr<int> NumUnits(
+      const interlock::v1::ModelSpec& spec) const override {
+    // The embedding, the decoder layers, the final norm and LM head.
+    return spec.transformer().layers() + 2;
+  }
+  absl::StatusOr<std::vector<Unit>> Units(
+      const interlock::v1::ModelSpec& spec, const DataShape& data,
+      const std::vector<bool>& wanted) const override {
+    return TransformerUnits(spec.transformer(), data);
+  }
+  int64_t TextContext(const interlock::v1::ModelSpec& spec) const override {
+    return spec.transformer().context();
+  }
+  absl::Status CheckData(const interlock::v1::ModelSpec& spec,
+                         interlock::v1::DataSpec::Kind kind) const override {
+    if (kind != interlock::v1::DataSpec::TEXT &&
+        kind != interlock::v1::DataSpec::SYNTHETIC_TEXT) {
+      return absl::InvalidArgumentError(
+          "data.kind: the transformer needs TEXT or SYNTHETIC_TEXT data");
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+const Family& TransformerFamily() {
+  static const Transformer* family = new Transformer;
+  return *family;
 }
 
 }  // namespace models_internal

@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "plan/status_macros.h"
 #include "services/codec_kernels.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace {

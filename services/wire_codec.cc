@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "plan/status_macros.h"
 #include "services/codec_kernels.h"
 #include "services/models.h"
-#include "services/status_macros.h"
 
 namespace interlock {
 namespace {

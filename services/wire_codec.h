@@ -1,6 +1,7 @@
 // The wire codec: the one place engine messages (services/messages.h) become
 // the protobuf messages of proto/worker.proto and back, and the one place
-// that knows how many bytes a link's messages can take (DESIGN §2.5).
+// that knows how many bytes a link's messages can take (ARCHITECTURE: wire
+// codecs).
 //
 // A run chooses a TensorCodec per direction (RunConfig.wire): activations
 // travel down (with block 0's input data), gradients travel up. Everything

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "services/status_macros.h"
+#include "plan/status_macros.h"
 
 namespace interlock {
 namespace {

@@ -1,5 +1,5 @@
-// Worker-stream messages as they travel (DESIGN §2.5): the protobuf fields
-// of a DownMessage or UpMessage except its tensors' value bytes
+// Worker-stream messages as they travel (ARCHITECTURE: wire codecs): the
+// protobuf fields of a DownMessage or UpMessage except its tensors' value bytes
 // (Tensor.data and Tensor.scales), which stay where they are: in tensor
 // memory or an encoded buffer when sending, in the buffers the message was
 // received into when receiving. rpc/ turns a frame's segments into gRPC

@@ -734,5 +734,25 @@ TEST(Resume, CodecsArePartOfTheRunsIdentity) {
   fs::remove_all(out2);
 }
 
+// A checkpoint written by the release before the model family registry
+// (tests/data/checkpoint_round2: tiny_resnet, 4 steps, taken at its last
+// step) still loads: resuming it runs nothing and the parameters are the
+// checkpoint's, whose digest that release printed.
+TEST(Resume, ACheckpointOfTheEarlierReleaseLoads) {
+  const std::string src = INTERLOCK_SOURCE_DIR;
+  const std::string out = MakeTempDir();
+  const auto r = interlock::testing::RunCommand(
+      std::string(INTERLOCK_CLI) + " train --config " + src +
+      "/configs/tests/tiny_resnet.pbtxt --steps 4 --resume " + src +
+      "/tests/data/checkpoint_round2/step-0000000004 --out " + out);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(step 4 of 4)"), std::string::npos) << r.output;
+  EXPECT_EQ(interlock::testing::DigestOf(r.output),
+            "cbf7adef43d2743a396d89e2b4ba4a93fa86fc2563f690d8f500312bccf4a6fa")
+      << r.output;
+  fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace interlock

@@ -12,8 +12,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "coordinator/topology.h"
 #include "coordinator/train.h"
+#include "plan/topology.h"
 #include "proto/worker.grpc.pb.h"
 #include "services/config.h"
 #include "services/digest.h"
@@ -130,7 +130,7 @@ void TrainBoth(const v1::RunConfig& c, const std::vector<std::string>& workers,
   *cluster = *std::move(b);
 }
 
-// Every mode of DESIGN §1 gives the same parameters, bit for bit, in one
+// Every mode gives the same parameters, bit for bit, in one
 // process and across worker processes (one intra-op thread per block).
 void CompareEngines(const char* text, int k, const std::string& partition,
                     const std::vector<std::string>& workers) {

@@ -1,8 +1,8 @@
-// Elastic block replicas (DESIGN §2.4) with real processes on loopback: a
-// replica joins through the coordinator's membership service, one dies
-// (kill -9), one hangs (SIGSTOP) and one leaves on SIGTERM, mid-run; the run
-// ends without a checkpoint restore, every micro-batch applied once per block,
-// bitwise where the in-process single chain ends. Bad Register calls are
+// Elastic block replicas (ARCHITECTURE: replicas) with real processes on
+// loopback: a replica joins through the coordinator's membership service, one
+// dies (kill -9), one hangs (SIGSTOP) and one leaves on SIGTERM, mid-run; the
+// run ends without a checkpoint restore, every micro-batch applied once per
+// block, bitwise where the in-process single chain ends. Bad Register calls are
 // refused while the run goes on.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>

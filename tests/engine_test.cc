@@ -1,5 +1,6 @@
-// The interlocking engine in one process: the worked examples of DESIGN §1,
-// equivalences with plain autograd, and determinism across schedules.
+// The interlocking engine in one process: the worked examples
+// (docs/ARCHITECTURE.md), equivalences with plain autograd, and determinism
+// across schedules.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -53,7 +54,7 @@ void ExpectTheta(const std::map<std::string, std::vector<double>>& params,
   }
 }
 
-// DESIGN §1 table, library path.
+// The worked examples' table, library path.
 TEST(WorkedExamples, E2E) {
   auto p = ParseParams(
       MustTrain(Load("configs/tests/example_e2e.pbtxt")).params_json);

@@ -428,9 +428,9 @@ TEST_F(WorkerHardeningTest,
 }
 
 // A membership change configures the replicas a block keeps with
-// restore_step (DESIGN §2.4): the block continues from its own snapshot of
-// the earlier generation, and is sent no state. A step it keeps no snapshot
-// of, or a run it does not serve, is refused without naming the run it
+// restore_step (ARCHITECTURE: replicas): the block continues from its own
+// snapshot of the earlier generation, and is sent no state. A step it keeps no
+// snapshot of, or a run it does not serve, is refused without naming the run it
 // serves, and the block stays as it was.
 TEST_F(WorkerHardeningTest, RestoreStepContinuesFromTheWorkersOwnSnapshot) {
   WorkerProcess w = Start({});

@@ -1,8 +1,8 @@
-// Balanced partitions (analysis/partition.h): the exact cut on hand-checked
-// and exhaustively checked costs, unit profiles and their cuts, and
-// `interlock partition` / `partition: "auto"` / `simulate --partition`
+// Balanced partitions (plan/partition.h, analysis/unit_costs.h): the exact cut
+// on hand-checked and exhaustively checked costs, unit profiles and their cuts,
+// and `interlock partition` / `partition: "auto"` / `simulate --partition`
 // through the CLI, with clear errors for impossible requests.
-#include "analysis/partition.h"
+#include "plan/partition.h"
 
 #include <gtest/gtest.h>
 
@@ -20,6 +20,7 @@
 
 #include "analysis/run_files.h"
 #include "analysis/simulate.h"
+#include "analysis/unit_costs.h"
 #include "tests/test_util.h"
 
 namespace interlock {
@@ -308,7 +309,7 @@ TEST(PartitionCli, BadRequestsGiveOneLineErrors) {
                 "/three.json",
             "a unit profile of 3 units, but the model of tiny_resnet has 5"},
            {"--config " + kSrc + "/configs/tests/example_e2e.pbtxt --blocks 2",
-            "only resnet, transformer and mlp"},
+            "built as blocks, not from units that a partition cuts"},
        }) {
     ExpectOneLineError(RunCommand(kCli + " partition " + c.args), c.args,
                        c.fragment);

@@ -1,5 +1,5 @@
-// Block replicas (DESIGN §2.4): trainers that each run some of a step's
-// micro-batches and reduce over real Gloo (loopback TCP, a real store)
+// Block replicas (ARCHITECTURE: replicas): trainers that each run some of a
+// step's micro-batches and reduce over real Gloo (loopback TCP, a real store)
 // against one trainer that runs them all. ORDERED must be bitwise equal,
 // BatchNorm running statistics and optimizer state included.
 #include <gtest/gtest.h>

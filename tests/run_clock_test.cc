@@ -1,5 +1,5 @@
 // RunClock: the run's virtual clock as the runner drives it, here through
-// membership changes (DESIGN §2.4).
+// membership changes (ARCHITECTURE: replicas).
 #include "coordinator/run_clock.h"
 
 #include <gtest/gtest.h>

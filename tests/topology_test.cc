@@ -1,7 +1,7 @@
-// Block replicas (DESIGN §2.4) on real worker processes on loopback: routes,
-// topology checks, and the extended determinism contract (ORDERED: any
+// Block replicas (ARCHITECTURE: replicas) on real worker processes on loopback:
+// routes, topology checks, and the extended determinism contract (ORDERED: any
 // topology ends bitwise equal to the single chain; RING: reproducible).
-#include "coordinator/topology.h"
+#include "plan/topology.h"
 
 #include <gtest/gtest.h>
 

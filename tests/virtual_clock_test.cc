@@ -8,8 +8,8 @@
 #include <map>
 #include <tuple>
 
-#include "analysis/replica_routes.h"
-#include "services/gradient_lists.h"
+#include "plan/gradient_lists.h"
+#include "plan/replica_routes.h"
 
 namespace interlock {
 namespace {
@@ -236,8 +236,8 @@ TEST(VirtualClockTest, EntriesThatTrainNoBlockAreNotComputed) {
   }
 }
 
-// Block replicas (DESIGN §2.4): one track per replica, the routes the
-// coordinator stamps, and a reduction that costs what the link model gives.
+// Block replicas (ARCHITECTURE: replicas): one track per replica, the routes
+// the coordinator stamps, and a reduction that costs what the link model gives.
 
 // K = 2, 1-way, M = 4; block 0 costs 3 per micro-batch (forward 1, backward
 // 2), block 1 costs 1 (0.5 + 0.5): block 0 costs block 1 x 3. Optimizer
@@ -442,7 +442,7 @@ TEST(VirtualClockTest, ReductionCostFollowsBytesAndBandwidth) {
   EXPECT_NEAR(step(10000, 1e6), 6.16, 1e-9);
 }
 
-// Routes the runner sets (measured throughput, DESIGN §2.4) are the ones
+// Routes the runner sets (measured throughput) are the ones
 // replayed, and each replica's micro-batches and seconds are what the
 // runner weighs the next routes by.
 TEST(VirtualClockTest, SetRoutesAreReplayedAndGiveEachReplicaItsRate) {

@@ -1,5 +1,5 @@
 // The worker's Prometheus metrics. Families are built once; the children of
-// a block are created on first use and cached (DESIGN §6).
+// a block are created on first use and cached.
 #ifndef INTERLOCK_WORKER_METRICS_H_
 #define INTERLOCK_WORKER_METRICS_H_
 

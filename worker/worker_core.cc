@@ -4,12 +4,13 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "plan/status_macros.h"
 #include "services/collective.h"
 #include "services/config.h"
 #include "services/digest.h"
 #include "services/models.h"
 #include "services/runtime.h"
-#include "services/status_macros.h"
+#include "services/scripted.h"
 #include "services/wire_codec.h"
 #include "worker/replica_group.h"
 #include "worker/worker_run.h"
@@ -213,6 +214,13 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   }
 
   ConfigureThreads(config.training().threads_per_block());
+  // A scripted model's units come with the request, never from a path.
+  std::vector<ScriptedFile> files;
+  for (const auto& f : req.model_files()) {
+    files.push_back({f.name(), f.sha256(), f.data()});
+  }
+  RETURN_IF_ERROR(
+      HoldScriptedFiles(std::move(files), options_.max_message_bytes));
   ASSIGN_OR_RETURN(
       auto trainer,
       BlockTrainer::Create(config, shape, req.block(), options_.device));

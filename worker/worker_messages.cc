@@ -3,10 +3,10 @@
 // coordinator), all on the host's executor.
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "analysis/replica_routes.h"
+#include "plan/replica_routes.h"
+#include "plan/status_macros.h"
 #include "services/config.h"
 #include "services/failure.h"
-#include "services/status_macros.h"
 #include "services/wire_codec.h"
 #include "worker/worker_core.h"
 #include "worker/worker_run.h"

@@ -6,10 +6,10 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "plan/status_macros.h"
 #include "rpc/frames.h"
 #include "rpc/status.h"
 #include "rpc/worker_client.h"
-#include "services/status_macros.h"
 #include "worker/reactors.h"
 #include "worker/state_reactors.h"
 

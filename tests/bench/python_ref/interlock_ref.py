@@ -10,7 +10,7 @@ left serialised is the Python code around them, which is the cost this
 benchmark is meant to show.
 
 It is written to do the same arithmetic as our engine, pass for pass
-(services/trainer.cc, services/driver.cc, services/gradient_lists.h; the rule
+(services/trainer.cc, services/driver.cc, plan/gradient_lists.h; the rule
 is DESIGN §1):
 
 * every block but the last has an auxiliary head that sees the block's output

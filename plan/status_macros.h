@@ -1,6 +1,6 @@
 // Local status helpers: Abseil 20220623 has no RETURN_IF_ERROR macros.
-#ifndef INTERLOCK_SERVICES_STATUS_MACROS_H_
-#define INTERLOCK_SERVICES_STATUS_MACROS_H_
+#ifndef INTERLOCK_PLAN_STATUS_MACROS_H_
+#define INTERLOCK_PLAN_STATUS_MACROS_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,4 +22,4 @@
 #define ASSIGN_OR_RETURN(lhs, expr) \
   ASSIGN_OR_RETURN_IMPL_(INTERLOCK_CONCAT_(_status_or_, __LINE__), lhs, expr)
 
-#endif  // INTERLOCK_SERVICES_STATUS_MACROS_H_
+#endif  // INTERLOCK_PLAN_STATUS_MACROS_H_

@@ -1,23 +1,23 @@
-// Partitions of a model's units into blocks (DESIGN §3): parsing partition
-// strings such as "3,2,2,rest", and choosing a balanced cut from measured
-// unit costs (`partition: "auto"`, `interlock partition`).
+// Partitions of a model's units into blocks (ARCHITECTURE: balanced
+// partitions): parsing partition strings such as "3,2,2,rest", and choosing a
+// balanced cut from measured unit costs (`partition: "auto"`, `interlock
+// partition`).
 //
 // A unit is the stem / embedding, one residual block / decoder layer /
-// hidden layer, or the classifier. A block of units i..j costs the sum of
-// its units' costs plus the cost of the head on unit j's output (the
-// auxiliary head, or the model's own loss for the last block). A unit
-// profile is the profile.json of a run with one unit per block (its
-// `partition` is all ones), which gives both per unit.
+// hidden layer, the classifier, or one TorchScript unit of a scripted model.
+// A block of units i..j costs the sum of its units' costs plus the cost of
+// the head on unit j's output (the auxiliary head, or the model's own loss
+// for the last block). Unit costs come from a unit profile
+// (analysis/unit_costs.h).
 //
-// No LibTorch and no gRPC here.
-#ifndef INTERLOCK_ANALYSIS_PARTITION_H_
-#define INTERLOCK_ANALYSIS_PARTITION_H_
+// Pure logic: no LibTorch, no gRPC, no protobuf.
+#ifndef INTERLOCK_PLAN_PARTITION_H_
+#define INTERLOCK_PLAN_PARTITION_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "analysis/simulate.h"
 
 namespace interlock {
 
@@ -55,16 +55,6 @@ std::vector<double> BlockCosts(const UnitCosts& costs,
 absl::StatusOr<std::vector<int>> BalancedPartition(const UnitCosts& costs,
                                                    int blocks);
 
-// The unit costs of a unit profile. INVALID_ARGUMENT naming the file when
-// it is not one (its run had blocks of several units).
-absl::StatusOr<UnitCosts> UnitCostsOf(const Profile& units);
-
-// The block-level profile of the cut `counts` of a unit profile, as if a run
-// with that partition had measured it: costs summed over each block's
-// units, the head and message sizes of its last unit. `counts` must cover
-// the profile's units.
-Profile CutProfile(const Profile& units, const std::vector<int>& counts);
-
 }  // namespace interlock
 
-#endif  // INTERLOCK_ANALYSIS_PARTITION_H_
+#endif  // INTERLOCK_PLAN_PARTITION_H_

@@ -1,16 +1,16 @@
-// The cluster's topology (DESIGN §2.4): which worker hosts which replica of
-// which block. The one place that parses --workers; --replicas and the
-// routes of each step's micro-batches through the replicas are in
-// analysis/replica_routes.h (shared with the virtual clock).
-#ifndef INTERLOCK_COORDINATOR_TOPOLOGY_H_
-#define INTERLOCK_COORDINATOR_TOPOLOGY_H_
+// The cluster's topology (ARCHITECTURE: replicas): which worker hosts which
+// replica of which block. The one place that parses --workers; --replicas and
+// the routes of each step's micro-batches through the replicas are in
+// plan/replica_routes.h (shared with the virtual clock).
+#ifndef INTERLOCK_PLAN_TOPOLOGY_H_
+#define INTERLOCK_PLAN_TOPOLOGY_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "analysis/replica_routes.h"
+#include "plan/replica_routes.h"
 
 namespace interlock {
 
@@ -30,4 +30,4 @@ std::vector<int> ReplicaCounts(const Topology& t);
 
 }  // namespace interlock
 
-#endif  // INTERLOCK_COORDINATOR_TOPOLOGY_H_
+#endif  // INTERLOCK_PLAN_TOPOLOGY_H_

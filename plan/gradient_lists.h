@@ -1,7 +1,7 @@
-// The lengths of the capped gradient lists (DESIGN §1), in one place for
-// the trainer and the virtual clock. No LibTorch here.
-#ifndef INTERLOCK_SERVICES_GRADIENT_LISTS_H_
-#define INTERLOCK_SERVICES_GRADIENT_LISTS_H_
+// The lengths of the capped gradient lists (ARCHITECTURE: the rule), in one
+// place for the trainer and the virtual clock. No LibTorch here.
+#ifndef INTERLOCK_PLAN_GRADIENT_LISTS_H_
+#define INTERLOCK_PLAN_GRADIENT_LISTS_H_
 
 #include <algorithm>
 
@@ -65,4 +65,4 @@ struct GradientLists {
 
 }  // namespace interlock
 
-#endif  // INTERLOCK_SERVICES_GRADIENT_LISTS_H_
+#endif  // INTERLOCK_PLAN_GRADIENT_LISTS_H_

@@ -1,10 +1,10 @@
 // Replica counts per block and the routes of a step's micro-batches through
-// the replicas (DESIGN §2.4). Here rather than in coordinator/ because the
-// virtual clock replays the same routes the coordinator stamps, and
-// analysis/ has neither gRPC nor LibTorch; coordinator/topology.h builds the
-// cluster's topology on top of it.
-#ifndef INTERLOCK_ANALYSIS_REPLICA_ROUTES_H_
-#define INTERLOCK_ANALYSIS_REPLICA_ROUTES_H_
+// the replicas (docs/ARCHITECTURE.md, "Replicas and membership"). On the
+// ground floor because the coordinator stamps these routes, the worker
+// checks its part of them and the virtual clock replays them;
+// plan/topology.h builds the cluster's topology on top of it.
+#ifndef INTERLOCK_PLAN_REPLICA_ROUTES_H_
+#define INTERLOCK_PLAN_REPLICA_ROUTES_H_
 
 #include <cstdint>
 #include <string>
@@ -61,4 +61,4 @@ absl::Status CheckRoutes(absl::Span<const int32_t> routes, int microbatches,
 
 }  // namespace interlock
 
-#endif  // INTERLOCK_ANALYSIS_REPLICA_ROUTES_H_
+#endif  // INTERLOCK_PLAN_REPLICA_ROUTES_H_

@@ -1,11 +1,11 @@
-#include "analysis/replica_routes.h"
+#include "plan/replica_routes.h"
 
 #include <algorithm>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "services/status_macros.h"
+#include "plan/status_macros.h"
 
 namespace interlock {
 

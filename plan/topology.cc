@@ -1,4 +1,4 @@
-#include "coordinator/topology.h"
+#include "plan/topology.h"
 
 #include <set>
 
