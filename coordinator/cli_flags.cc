@@ -61,8 +61,10 @@ ABSL_FLAG(int, coordinator_port, -1,
           "cluster: serve the membership service on this port (0: any free "
           "one; -1: off), so that workers started with --coordinator "
           "HOST:PORT --block K join a block's replicas and leave on SIGTERM");
-ABSL_FLAG(std::string, coordinator_host, "0.0.0.0",
-          "cluster: the address the membership service listens on");
+ABSL_FLAG(std::string, coordinator_host, "127.0.0.1",
+          "cluster: the address the membership service listens on (0.0.0.0: "
+          "every IPv4 interface); beyond loopback it needs --token-file or "
+          "mutual TLS, or --insecure");
 ABSL_FLAG(std::string, coordinator_port_file, "",
           "cluster: write the membership service's port to this file once "
           "it listens");
@@ -84,6 +86,15 @@ ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
           "cluster: how long to wait for each worker to be reachable");
 ABSL_FLAG(int, metrics_port, -1,
           "serve the coordinator's /metrics on this port (-1: off)");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "the address the coordinator's /metrics listens on (0.0.0.0: every "
+          "IPv4 interface, e.g. for Prometheus in Kubernetes); beyond "
+          "loopback it needs --token-file or mutual TLS, or --insecure");
+ABSL_FLAG(bool, insecure, false,
+          "allow --coordinator-host or --metrics-host beyond loopback without "
+          "--token-file or mutual TLS: anyone who reaches the port can join "
+          "the run (or read /metrics); only on a network you trust. Recorded "
+          "in summary.json");
 ABSL_FLAG(absl::Duration, budget, absl::ZeroDuration(),
           "stop at this much training wall time, then evaluate (e.g. 10m)");
 ABSL_FLAG(absl::Duration, budget_virtual, absl::ZeroDuration(),
@@ -127,7 +138,8 @@ ABSL_FLAG(bool, sweep, false,
           "1-, 2- and 3-way");
 ABSL_FLAG(std::string, token_file, "",
           "cluster: file holding the shared bearer token sent on every call "
-          "to the workers (a local cluster's workers require it)");
+          "to the workers (a local cluster's workers require it; without it "
+          "or TLS they require a token generated for the run)");
 ABSL_FLAG(std::string, tls_cert, "",
           "cluster: PEM client certificate for mutual TLS (a local cluster's "
           "workers serve with it)");
@@ -154,6 +166,18 @@ ABSL_FLAG(std::string, to, "",
 ABSL_FLAG(std::string, checkpoint, "",
           "export: this checkpoint folder (OUT/checkpoints/step-N) instead "
           "of the run's newest");
+ABSL_FLAG(int, exit, -1,
+          "predict, generate: the early exit to use, block K's head (-1: "
+          "the final output)");
+ABSL_FLAG(std::string, prompt, "", "generate: the text to continue");
+ABSL_FLAG(int, tokens, 200, "generate: bytes to sample");
+ABSL_FLAG(double, temperature, 1.0,
+          "generate: divides the logits before sampling (0: the most likely "
+          "byte every time)");
+ABSL_FLAG(int, top_k, 0,
+          "generate: sample among the K most likely bytes only (0: all)");
+ABSL_FLAG(int64_t, first, 0, "predict: the first test sample to label");
+ABSL_FLAG(int64_t, count, 10, "predict: how many test samples to label");
 ABSL_FLAG(std::string, profile_ops, "",
           "train, in process, sequential schedule: write the time per LibTorch "
           "operation of ten steady steps (after calibration) to this file "
@@ -175,7 +199,8 @@ const char kUsage[] =
     "sequential|threaded] [--out DIR] "
     "[--dump-params] [--engine inprocess|cluster] [--workers A1+A2,B,...] "
     "[--replicas 2,1,...] [--reduction ordered|ring] "
-    "[--device cpu|cuda[:N][,...]] [--metrics-port P] [--budget T] "
+    "[--device cpu|cuda[:N][,...]] [--metrics-port P [--metrics-host H]] "
+    "[--coordinator-port P [--coordinator-host H]] [--insecure] [--budget T] "
     "[--budget-virtual T] "
     "[--link-latency T] [--link-bandwidth B] [--token-file F] "
     "[--tls-cert F --tls-key F] [--tls-ca F] [--checkpoint-every N] "
@@ -195,7 +220,13 @@ const char kUsage[] =
     "  interlock partition --config FILE --blocks K [--profile DIR] "
     "[--out DIR] [--link-latency T] [--link-bandwidth B]\n"
     "  interlock export --run OUT | --checkpoint DIR --to DIR "
-    "[--token-file F]";
+    "[--token-file F]\n"
+    "  interlock eval --run OUT | --checkpoint DIR [--config FILE (its data)] "
+    "[--token-file F]\n"
+    "  interlock predict --run OUT | --checkpoint DIR [--config FILE] "
+    "[--exit K] [--first I] [--count N]\n"
+    "  interlock generate --run OUT | --checkpoint DIR --prompt TEXT "
+    "[--exit K] [--tokens N] [--temperature T] [--top-k K] [--seed S]";
 
 int Fail(const std::string& message, int code) {
   std::cerr << "interlock: error: " << message << "\n";
@@ -211,8 +242,13 @@ CommandLine ParseFlags(int argc, char** argv) {
   // --help lists the flags of this file (absl's default looks for a file
   // named after the program and found none).
   absl::FlagsUsageConfig usage;
+  // "Flags from interlock:", not the build machine's source path.
+  usage.normalize_filename = [](absl::string_view file) {
+    return absl::EndsWith(file, "cli_flags.cc") ? std::string("interlock")
+                                                : std::string(file);
+  };
   usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "cli_flags.cc");
+    return file == "interlock" || absl::EndsWith(file, "cli_flags.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
@@ -384,6 +420,35 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
   options.engine.devices = *std::move(devices);
   options.engine.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.output.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.output.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  // Secure by default: the membership service and /metrics listen beyond
+  // loopback only with a token or mutual TLS, or when --insecure says so.
+  options.engine.insecure = absl::GetFlag(FLAGS_insecure);
+  const bool authenticated =
+      interlock::AuthenticatesCallers(options.engine.security);
+  for (const absl::Status& st :
+       {options.engine.coordinator_port < 0
+            ? absl::OkStatus()
+            : interlock::CheckListener(
+                  "coordinator-host", options.engine.coordinator_host,
+                  authenticated, options.engine.insecure,
+                  "the run has no --token-file or mutual TLS: anyone who "
+                  "reaches the membership service could join the run",
+                  "give it --token-file (or --tls-cert, --tls-key and "
+                  "--tls-ca)"),
+        options.output.metrics_port < 0
+            ? absl::OkStatus()
+            : interlock::CheckListener(
+                  "metrics-host", options.output.metrics_host, authenticated,
+                  options.engine.insecure,
+                  "the run has no --token-file or mutual TLS: its /metrics "
+                  "would be open to anyone",
+                  options.engine.kind == interlock::EngineKind::kCluster
+                      ? "give it --token-file (or --tls-cert, --tls-key and "
+                        "--tls-ca)"
+                      : "")}) {
+    if (!st.ok()) return Fail(std::string(st.message()), 2);
+  }
   options.engine.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   options.budget.wall = absl::GetFlag(FLAGS_budget);
   if (absl::GetFlag(FLAGS_window) < 0) {

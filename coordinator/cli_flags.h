@@ -47,6 +47,13 @@ ABSL_DECLARE_FLAG(std::string, run);
 ABSL_DECLARE_FLAG(std::string, token_file);
 ABSL_DECLARE_FLAG(std::string, to);
 ABSL_DECLARE_FLAG(std::string, checkpoint);
+ABSL_DECLARE_FLAG(int, exit);
+ABSL_DECLARE_FLAG(std::string, prompt);
+ABSL_DECLARE_FLAG(int, tokens);
+ABSL_DECLARE_FLAG(double, temperature);
+ABSL_DECLARE_FLAG(int, top_k);
+ABSL_DECLARE_FLAG(int64_t, first);
+ABSL_DECLARE_FLAG(int64_t, count);
 
 namespace interlock {
 namespace cli {

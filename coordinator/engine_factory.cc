@@ -71,6 +71,9 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
   co.window = window;
   ASSIGN_OR_RETURN(co.security, LoadTransportSecurity(options.security,
                                                       /*server=*/false));
+  // Checkpoints are sealed with the user's token only: a local cluster's
+  // generated token (below) changes with every start, so a resumed run could
+  // not verify them.
   run->seal_key_ = co.security.token;
   if (metrics) {
     co.on_worker_state = [metrics](int block, bool up) {
@@ -94,12 +97,26 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
     }
     std::vector<std::string> extra = SecurityFlags(options.security);
     if (Replicated(replicas)) extra.push_back("--collective_host=127.0.0.1");
+    // Without the user's token or TLS the workers still require a token:
+    // one generated for this cluster, which other local users cannot read.
+    const bool generate_token = options.security.empty();
     ASSIGN_OR_RETURN(run->local_,
-                     LocalCluster::Launch(
-                         count,
-                         options.worker_binary.empty() ? DefaultWorkerBinary()
-                                                       : options.worker_binary,
-                         absl::Seconds(120), extra, worker_flags));
+                     LocalCluster::Launch(count,
+                                          options.worker_binary.empty()
+                                              ? DefaultWorkerBinary()
+                                              : options.worker_binary,
+                                          absl::Seconds(120), extra,
+                                          worker_flags, generate_token));
+    if (generate_token) {
+      co.security.token = run->local_->token();
+      if (options.coordinator_port >= 0) {
+        *log << "interlock: the local cluster's workers require the token in "
+             << run->local_->token_file()
+             << "; a worker joining through the membership service passes "
+                "--token_file "
+             << run->local_->token_file() << "\n";
+      }
+    }
     run->on_cluster_ = options.on_cluster;
     if (run->on_cluster_) run->on_cluster_(run->local_.get());
     const std::vector<std::string> addresses = run->local_->addresses();
@@ -133,7 +150,8 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
                          options.coordinator_host, options.coordinator_port,
                          server_security, run->membership_.get()));
     *log << "interlock: membership service on " << options.coordinator_host
-         << ":" << run->coordinator_->port() << "\n";
+         << ":" << run->coordinator_->port()
+         << (options.insecure ? " (--insecure)" : "") << "\n";
     if (!options.coordinator_port_file.empty()) {
       const std::string tmp = options.coordinator_port_file + ".tmp";
       {

@@ -4,11 +4,10 @@
 
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/checkpoint.h"
+#include "coordinator/trained_model.h"
 #include "google/protobuf/text_format.h"
 #include "plan/partition.h"
 #include "plan/status_macros.h"
@@ -25,32 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::StatusOr<Checkpoint> FindCheckpoint(const ExportOptions& o) {
-  if (!o.checkpoint.empty()) return ReadCheckpoint(o.checkpoint, o.seal_key);
-  if (o.run_dir.empty()) {
-    return absl::InvalidArgumentError("export: give --run OUT or --checkpoint");
-  }
-  const std::string root = o.run_dir + "/checkpoints";
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) {
-    return absl::NotFoundError(absl::StrCat(
-        "export: ", root,
-        ": no checkpoints; train with --out and --checkpoint-every N (the "
-        "last step is always kept then)"));
-  }
-  ASSIGN_OR_RETURN(
-      CheckpointStore store,
-      CheckpointStore::Open(root, /*keep=*/1 << 30, nullptr, o.seal_key));
-  std::vector<std::string> refused;
-  std::optional<Checkpoint> latest = store.Latest(&refused);
-  if (!latest) {
-    return absl::NotFoundError(absl::StrCat(
-        "export: no complete checkpoint in ", root,
-        refused.empty() ? "" : absl::StrCat(" (refused: ", refused[0], ")")));
-  }
-  return *std::move(latest);
-}
-
 absl::Status WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
@@ -64,26 +37,15 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
 
 absl::Status ExportRun(const ExportOptions& o, std::ostream& log) {
   if (o.to.empty()) return absl::InvalidArgumentError("export: --to is empty");
-  ASSIGN_OR_RETURN(Checkpoint ckpt, FindCheckpoint(o));
-  const v1::RunConfig& config = ckpt.manifest.config();
-  ASSIGN_OR_RETURN(DataSplits data,
-                   LoadData(config.data(), TextContext(config.model())));
-  ASSIGN_OR_RETURN(const int k_blocks, NumBlocks(config.model()));
-  if (static_cast<int>(ckpt.blocks.size()) != k_blocks) {
-    return absl::DataLossError(
-        absl::StrCat("export: ", ckpt.dir, " holds ", ckpt.blocks.size(),
-                     " blocks but the run's model has ", k_blocks));
-  }
-  // The blocks as the run built them, then the checkpoint's state.
-  std::vector<std::unique_ptr<BlockTrainer>> trainers;
+  ASSIGN_OR_RETURN(TrainedModel model,
+                   LoadTrainedModel({o.run_dir, o.checkpoint, o.seal_key}));
+  const Checkpoint& ckpt = model.checkpoint;
+  const v1::RunConfig& config = model.config;
+  const DataSplits& data = model.data;
+  const int k_blocks = static_cast<int>(model.blocks.size());
+  const auto& trainers = model.blocks;
   std::vector<BlockModules> modules;
-  for (int k = 0; k < k_blocks; ++k) {
-    ASSIGN_OR_RETURN(auto trainer, BlockTrainer::Create(config, data.shape, k));
-    RETURN_IF_ERROR(
-        trainer->LoadState(ckpt.blocks[k], ckpt.manifest.step()).status());
-    modules.push_back({trainer->block(), trainer->head()});
-    trainers.push_back(std::move(trainer));
-  }
+  for (const auto& t : trainers) modules.push_back({t->block(), t->head()});
   std::error_code ec;
   fs::create_directories(o.to, ec);
   if (ec) {

@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "rpc/security.h"
 
 namespace interlock {
 namespace {
@@ -55,6 +56,36 @@ constexpr char kClusterPrefix[] = "interlock-cluster-";
 
 // Whether process `pid` exists (EPERM: it does, owned by someone else).
 bool Alive(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
+
+// Creates `path` (it must not exist, nor be a link) readable and writable
+// by this user only, whatever the umask, holding `text`.
+absl::Status WritePrivateFile(const std::string& path,
+                              const std::string& text) {
+  const int fd = open(
+      path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::InternalError(
+        absl::StrCat("cannot create ", path, ": ", std::strerror(err)));
+  }
+  int err = fchmod(fd, 0600) == 0 ? 0 : errno;
+  for (size_t done = 0; err == 0 && done < text.size();) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n == 0) {
+      err = EIO;
+    } else if (errno != EINTR) {
+      err = errno;
+    }
+  }
+  if (close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -102,7 +133,8 @@ std::string DefaultWorkerBinary() {
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Launch(
     int count, const std::string& binary, absl::Duration timeout,
     const std::vector<std::string>& extra_args,
-    const std::vector<std::vector<std::string>>& worker_args) {
+    const std::vector<std::vector<std::string>>& worker_args,
+    bool generate_token) {
   if (access(binary.c_str(), X_OK) != 0) {
     return absl::NotFoundError(
         absl::StrCat("worker binary not found or not executable: ", binary));
@@ -120,6 +152,19 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Launch(
                                             ": ", std::strerror(err)));
   }
   c->dir_ = tmpl;
+  if (generate_token) {
+    // In the cluster's own folder (0700, removed by Stop), read by the
+    // workers (the same user) and by restarted ones.
+    auto token = RandomToken();
+    if (!token.ok()) return token.status();
+    c->token_ = *std::move(token);
+    c->token_file_ = c->dir_ + "/token";
+    if (absl::Status s = WritePrivateFile(c->token_file_, c->token_ + "\n");
+        !s.ok()) {
+      return s;
+    }
+    c->extra_args_.push_back("--token_file=" + c->token_file_);
+  }
   c->workers_.resize(count);
   const absl::Time deadline = absl::Now() + timeout;
   for (int k = 0; k < count; ++k) {

@@ -29,15 +29,23 @@ class LocalCluster {
 
   // `extra_args` go to every worker (e.g. the token and TLS flags),
   // `worker_args[k]` (when given) to worker k only (e.g. its --device).
+  // `generate_token`: the workers require a random token (32 bytes, hex)
+  // that Launch writes to a file only this user can read (0600) in the
+  // cluster's folder and passes them as --token_file; token() gives it to
+  // the coordinator's own calls.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Launch(
       int workers, const std::string& worker_binary,
       absl::Duration timeout = absl::Seconds(120),
       const std::vector<std::string>& extra_args = {},
-      const std::vector<std::vector<std::string>>& worker_args = {});
+      const std::vector<std::vector<std::string>>& worker_args = {},
+      bool generate_token = false);
   ~LocalCluster();
 
   const std::vector<Worker>& workers() const { return workers_; }
   std::vector<std::string> addresses() const;
+  // The generated token and its file (empty without `generate_token`).
+  const std::string& token() const { return token_; }
+  const std::string& token_file() const { return token_file_; }
   // SIGTERM, then SIGKILL after `grace`; safe to call from several threads.
   void Stop(absl::Duration grace = absl::Seconds(5));
   // Restarts every worker process that has died, on its old port (what a
@@ -52,6 +60,8 @@ class LocalCluster {
   std::vector<std::string> extra_args_;
   std::vector<std::vector<std::string>> worker_args_;
   std::string dir_;
+  std::string token_;
+  std::string token_file_;
   int restarts_ = 0;
   std::vector<Worker> workers_;
   std::mutex mu_;

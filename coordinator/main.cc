@@ -1,5 +1,6 @@
 // interlock: the command-line front end, the commands train, compare,
-// simulate, partition and export (interlock-coordinator: train only). The flags
+// simulate, partition, export, eval, predict and generate
+// (interlock-coordinator: train only). The flags
 // are in cli_flags.cc; everything else is in the RunConfig file
 // (configs/*.pbtxt).
 #include <signal.h>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "coordinator/cli_flags.h"
 #include "coordinator/compare.h"
 #include "coordinator/export.h"
+#include "coordinator/inference.h"
 #include "coordinator/local_cluster.h"
 #include "coordinator/partition.h"
 #include "coordinator/train.h"
@@ -42,6 +45,19 @@ using interlock::cli::kUsage;
 
 // The command line as typed, for reports.
 std::string g_command_line;
+
+// One line per head of an evaluation ("Test metrics"), as train and eval
+// print them.
+void PrintHeads(const std::vector<interlock::HeadResult>& heads) {
+  for (const auto& h : heads) {
+    std::string line = absl::StrFormat(
+        "  block %d %-5s head: accuracy %6.2f%%  loss %.4f", h.block,
+        h.final ? "final" : "aux", 100.0 * h.accuracy, h.loss);
+    if (h.perplexity > 0)
+      absl::StrAppendFormat(&line, "  perplexity %.3f", h.perplexity);
+    std::cout << line << "\n";
+  }
+}
 
 std::atomic<bool> g_interrupted{false};
 // Set on the first signal when the run can checkpoint: it stops at the next
@@ -191,14 +207,7 @@ int RunTrain() {
       "clock, utilisation %.0f%%):\n",
       result->steps, result->wall_seconds, result->virtual_seconds,
       100.0 * result->utilisation);
-  for (const auto& h : result->eval) {
-    std::string line = absl::StrFormat(
-        "  block %d %-5s head: accuracy %6.2f%%  loss %.4f", h.block,
-        h.final ? "final" : "aux", 100.0 * h.accuracy, h.loss);
-    if (h.perplexity > 0)
-      absl::StrAppendFormat(&line, "  perplexity %.3f", h.perplexity);
-    std::cout << line << "\n";
-  }
+  PrintHeads(result->eval);
   std::cout << "digest " << result->digest << "\n";
   if (options.output.dump_params) std::cout << result->params_json;
   return 0;
@@ -322,24 +331,93 @@ int RunPartition() {
   return interlock::PartitionMain(c, std::cout, std::cerr);
 }
 
-// `interlock export`: a run's trained network out (coordinator/export.h).
-int RunExport() {
-  interlock::ExportOptions o;
-  o.run_dir = absl::GetFlag(FLAGS_run);
-  o.checkpoint = absl::GetFlag(FLAGS_checkpoint);
-  o.to = absl::GetFlag(FLAGS_to);
-  if (o.to.empty() || (o.run_dir.empty() == o.checkpoint.empty())) {
-    return Fail(
-        "export: give --to DIR and one of --run OUT or --checkpoint DIR", 2);
+// The trained state a command reads: --run or --checkpoint, and the
+// run's token when its checkpoints are signed. False (with the exit code
+// in `code`) on bad flags.
+bool SourceFromFlags(const char* command, interlock::RunSource* s, int* code) {
+  s->run_dir = absl::GetFlag(FLAGS_run);
+  s->checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (s->run_dir.empty() == s->checkpoint.empty()) {
+    *code = Fail(
+        absl::StrCat(command, ": give one of --run OUT or --checkpoint DIR"),
+        2);
+    return false;
   }
   if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
     auto token = interlock::LoadBearerToken("token-file", file);
-    if (!token.ok()) return Fail(std::string(token.status().message()), 2);
-    o.seal_key = *std::move(token);
+    if (!token.ok()) {
+      *code = Fail(std::string(token.status().message()), 2);
+      return false;
+    }
+    s->seal_key = *std::move(token);
   }
-  if (auto s = interlock::ExportRun(o, std::cout); !s.ok()) {
-    return Fail(std::string(s.message()), 1);
+  return true;
+}
+
+// `interlock export`: a run's trained network out (coordinator/export.h).
+int RunExport() {
+  interlock::RunSource s;
+  int code = 0;
+  if (!SourceFromFlags("export", &s, &code)) return code;
+  interlock::ExportOptions o;
+  o.run_dir = s.run_dir;
+  o.checkpoint = s.checkpoint;
+  o.seal_key = s.seal_key;
+  o.to = absl::GetFlag(FLAGS_to);
+  if (o.to.empty()) return Fail("export: give --to DIR", 2);
+  if (auto st = interlock::ExportRun(o, std::cout); !st.ok()) {
+    return Fail(std::string(st.message()), 1);
   }
+  return 0;
+}
+
+// `interlock eval`: every exit on the test split, as the run evaluates.
+int RunEval() {
+  interlock::EvalOptions o;
+  int code = 0;
+  if (!SourceFromFlags("eval", &o.source, &code)) return code;
+  o.data_config = absl::GetFlag(FLAGS_config);
+  std::ostringstream log;
+  auto r = interlock::EvaluateRun(o, log);
+  if (!r.ok()) return Fail(std::string(r.status().message()), 1);
+  std::cout << absl::StrFormat("Test metrics of step %d (%d samples):\n",
+                               r->step, r->samples);
+  PrintHeads(r->heads);
+  return 0;
+}
+
+// `interlock predict`: labels of test samples through an exit.
+int RunPredict() {
+  interlock::PredictOptions o;
+  int code = 0;
+  if (!SourceFromFlags("predict", &o.source, &code)) return code;
+  o.data_config = absl::GetFlag(FLAGS_config);
+  o.exit_block = absl::GetFlag(FLAGS_exit);
+  o.first = absl::GetFlag(FLAGS_first);
+  o.count = absl::GetFlag(FLAGS_count);
+  auto r = interlock::Predict(o);
+  if (!r.ok()) return Fail(std::string(r.status().message()), 1);
+  for (const auto& p : *r) {
+    std::cout << absl::StrFormat("sample %d: class %d (p %.3f), target %d\n",
+                                 p.index, p.label, p.probability, p.target);
+  }
+  return 0;
+}
+
+// `interlock generate`: text from a language model through an exit.
+int RunGenerate() {
+  interlock::GenerateOptions o;
+  int code = 0;
+  if (!SourceFromFlags("generate", &o.source, &code)) return code;
+  o.prompt = absl::GetFlag(FLAGS_prompt);
+  o.exit_block = absl::GetFlag(FLAGS_exit);
+  o.tokens = absl::GetFlag(FLAGS_tokens);
+  o.temperature = absl::GetFlag(FLAGS_temperature);
+  o.top_k = absl::GetFlag(FLAGS_top_k);
+  o.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  auto r = interlock::Generate(o);
+  if (!r.ok()) return Fail(std::string(r.status().message()), 1);
+  std::cout << *r << "\n";
   return 0;
 }
 #endif  // INTERLOCK_COORDINATOR_BINARY
@@ -376,6 +454,9 @@ int main(int argc, char** argv) {
   if (command == "simulate") return RunSimulate();
   if (command == "partition") return RunPartition();
   if (command == "export") return RunExport();
+  if (command == "eval") return RunEval();
+  if (command == "predict") return RunPredict();
+  if (command == "generate") return RunGenerate();
 #endif
 #ifndef INTERLOCK_COORDINATOR_BINARY
   return Fail(absl::StrCat("unknown command '", command, "'; usage: ", kUsage),

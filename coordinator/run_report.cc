@@ -70,6 +70,7 @@ RunSummary SummaryOf(const v1::RunConfig& config, const std::string& mode,
   }
   s.set_digest(r.digest);
   s.set_wire(WireName(config.wire()));
+  s.set_insecure(r.insecure);
   const Accounting& a = r.accounting;
   v1::RunAccounting* out = s.mutable_accounting();
   out->set_microbatches_per_step(Count(a.microbatches_per_step));

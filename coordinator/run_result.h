@@ -52,6 +52,9 @@ struct TrainResult {
   Accounting accounting;
   std::vector<int> replicas;  // worker replicas per block (1 in process)
   std::vector<TopologyEvent> topology;  // changes during the run
+  // Started with --insecure (listeners beyond loopback without a token or
+  // mutual TLS allowed).
+  bool insecure = false;
 };
 
 }  // namespace interlock

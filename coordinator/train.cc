@@ -277,6 +277,7 @@ class Runner {
     result.topology = engine_.TopologyHistory();
     if (!result.topology.empty())
       result.replicas = result.topology.back().replicas;
+    result.insecure = o_.engine.insecure;
     auto& evals = s_.evals;
     if (evals.empty() || evals.back().step != total_) {
       RETURN_IF_ERROR(EvaluateAt(total_));

@@ -37,9 +37,11 @@ struct OutputOptions {
   std::ostream* log = &std::cerr;
   // Shown before the run's name in progress output (e.g. "[2/4]").
   std::string progress_label;
-  // Coordinator /metrics: -1 off, 0 any free port.
+  // Coordinator /metrics: -1 off, 0 any free port; on metrics_host
+  // (--metrics-host; loopback unless the CLI allows more, see
+  // EngineOptions::insecure).
   int metrics_port = -1;
-  std::string metrics_host = "0.0.0.0";
+  std::string metrics_host = "127.0.0.1";
   // Time per LibTorch operation of kProfiledSteps steps into this file
   // (services/op_profile.h); in process, sequential schedule only.
   std::string profile_ops;
@@ -71,13 +73,18 @@ struct EngineOptions {
   // (ARCHITECTURE: replicas) listens on coordinator_host:coordinator_port (-1:
   // off, 0: any free port; coordinator_port_file, if set, receives the port).
   int coordinator_port = -1;
-  std::string coordinator_host = "0.0.0.0";
+  std::string coordinator_host = "127.0.0.1";
   std::string coordinator_port_file;
   // Cluster: how long to wait for a worker to be reachable.
   absl::Duration connect_timeout = absl::Seconds(30);
-  // Cluster: bearer token and TLS files for the coordinator's calls; a local
-  // cluster's workers get the same files.
+  // Cluster: bearer token and TLS files for the coordinator's calls and the
+  // membership service; a local cluster's workers get the same files, or,
+  // when there are none, a token the coordinator generates for them
+  // (engine_factory.cc; never the checkpoints' seal key).
   SecurityFiles security;
+  // --insecure: the CLI let the membership service or /metrics listen beyond
+  // loopback without a token or mutual TLS. Recorded in summary.json.
+  bool insecure = false;
   // Receives the local cluster while it runs (nullptr once stopped), so a
   // signal handler can stop it.
   std::function<void(LocalCluster*)> on_cluster;

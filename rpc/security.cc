@@ -1,16 +1,22 @@
 #include "rpc/security.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/support/client_interceptor.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/rand.h>
 #include <openssl/x509.h>
 
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace interlock {
@@ -212,6 +218,80 @@ std::vector<std::string> SecurityFlags(const SecurityFiles& f) {
   if (!f.tls_key.empty()) out.push_back("--tls_key=" + f.tls_key);
   if (!f.tls_ca.empty()) out.push_back("--tls_ca=" + f.tls_ca);
   return out;
+}
+
+bool AuthenticatesCallers(const SecurityFiles& f) {
+  return !f.token_file.empty() || (!f.tls_cert.empty() && !f.tls_ca.empty());
+}
+
+namespace {
+
+bool LoopbackV4(const in_addr& a) { return (ntohl(a.s_addr) >> 24) == 127; }
+
+bool LoopbackV6(const in6_addr& a) {
+  return IN6_IS_ADDR_LOOPBACK(&a) ||
+         (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
+}
+
+}  // namespace
+
+bool IsLoopbackHost(const std::string& host) {
+  std::string bare = host;
+  if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') {
+    bare = bare.substr(1, bare.size() - 2);
+  }
+  if (absl::EqualsIgnoreCase(bare, "localhost")) return true;
+  in_addr v4;
+  in6_addr v6;
+  if (inet_pton(AF_INET, bare.c_str(), &v4) == 1) return LoopbackV4(v4);
+  if (inet_pton(AF_INET6, bare.c_str(), &v6) == 1) return LoopbackV6(v6);
+  // A name: the server listens on every address it resolves to.
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (bare.empty() || getaddrinfo(bare.c_str(), nullptr, &hints, &res) != 0) {
+    return false;
+  }
+  bool loopback = res != nullptr;
+  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      loopback =
+          loopback &&
+          LoopbackV4(reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr);
+    } else if (a->ai_family == AF_INET6) {
+      loopback =
+          loopback &&
+          LoopbackV6(reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    } else {
+      loopback = false;
+    }
+  }
+  freeaddrinfo(res);
+  return loopback;
+}
+
+absl::Status CheckListener(const std::string& flag, const std::string& host,
+                           bool authenticated, bool insecure,
+                           const std::string& what, const std::string& remedy) {
+  if (authenticated || insecure || IsLoopbackHost(host)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("--", flag, " ", host, " is not a loopback address and ",
+                   what, "; ", remedy, remedy.empty() ? "" : ", ",
+                   "listen on 127.0.0.1", remedy.empty() ? " " : ", ",
+                   "or pass --insecure on a network you "
+                   "trust"));
+}
+
+absl::StatusOr<std::string> RandomToken(int bytes) {
+  std::string raw(static_cast<size_t>(bytes), '\0');
+  if (bytes <= 0 ||
+      RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), bytes) != 1) {
+    return absl::InternalError("no random bytes for a token (RAND_bytes)");
+  }
+  return absl::BytesToHexString(raw);
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(

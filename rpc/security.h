@@ -62,6 +62,31 @@ absl::StatusOr<std::string> LoadBearerToken(const std::string& flag,
 // The flags that hand the same files to a worker process.
 std::vector<std::string> SecurityFlags(const SecurityFiles& files);
 
+// Whether a server with these files refuses callers that lack them: it has a
+// bearer token, or mutual TLS (a certificate, its key, and the CA client
+// certificates must be signed by). TLS without a CA authenticates only the
+// server: anyone may still call it.
+bool AuthenticatesCallers(const SecurityFiles& files);
+
+// Whether listening on `host` reaches this machine only: 127.0.0.0/8, ::1
+// (bracketed or not, also as ::ffff:127.x.y.z), "localhost", or a name every
+// address of which is one of those. 0.0.0.0, ::, other addresses, and names
+// that resolve elsewhere or not at all are not.
+bool IsLoopbackHost(const std::string& host);
+
+// The start-up check of a listener (Secure by default): OK on a loopback
+// host, when `authenticated`, or when `insecure` (--insecure) allows it;
+// otherwise FAILED_PRECONDITION, one line naming `flag`, the host, what is
+// exposed (`what`) and the ways out (`remedy`, e.g. "give it --token_file";
+// empty: none but loopback and --insecure).
+absl::Status CheckListener(const std::string& flag, const std::string& host,
+                           bool authenticated, bool insecure,
+                           const std::string& what, const std::string& remedy);
+
+// `bytes` random bytes (OpenSSL's RAND_bytes) as lowercase hex: a bearer
+// token for processes this one starts.
+absl::StatusOr<std::string> RandomToken(int bytes = 32);
+
 std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(
     const TransportSecurity& security);
 // A client's half: the channel's credentials (TLS when configured) and the

@@ -14,6 +14,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgoogle-glog-dev libgflags-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev zlib1g-dev
+  libpng-dev libjpeg62-turbo-dev
   dataset-fashion-mnist bible-kjv gnuplot-nox procps python3
 )
 # Operations (docs/OPERATIONS.md): Prometheus and promtool for the rule and
@@ -25,8 +26,9 @@ OPS_PACKAGES=(prometheus buildah debootstrap openssl ca-certificates iproute2)
 # with clang 14 and its libFuzzer/sanitizer runtimes.
 FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev)
 # The Python package (python/): export a user's model to TorchScript, load a
-# trained one. The same PyTorch release (1.13) as libtorch-dev.
-PY_PACKAGES=(python3-torch python3-numpy)
+# trained one. The same PyTorch release (1.13) as libtorch-dev. The data
+# format tests write .npy files with numpy and PNG / JPEG files with PIL.
+PY_PACKAGES=(python3-torch python3-numpy python3-pil)
 if ((BUILD_ONLY == 0)); then
   PACKAGES+=("${OPS_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}" "${PY_PACKAGES[@]}")
   if ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi

@@ -225,15 +225,47 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   if (!c.model().has_scale()) {
     RETURN_IF_ERROR(CheckModelData(c.model(), c.data().kind()));
   }
+  using interlock::v1::DataSpec;
+  const DataSpec& data = c.data();
+  if (data.kind() == DataSpec::NPY || data.kind() == DataSpec::TOKEN_FILE ||
+      data.kind() == DataSpec::IMAGE_FOLDER) {
+    if (data.path().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.path: ", DataSpec::Kind_Name(data.kind()),
+          " data needs the path of its ",
+          data.kind() == DataSpec::TOKEN_FILE ? "file" : "folder"));
+    }
+  }
+  if (data.kind() == DataSpec::TOKEN_FILE && data.vocab_size() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.vocab_size: ", data.vocab_size(),
+                     "; TOKEN_FILE data needs the number of token ids"));
+  }
+  if (data.kind() == DataSpec::IMAGE_FOLDER) {
+    const auto& sh = data.synthetic_shape();
+    if (sh.size() != 3 || (sh[0] != 1 && sh[0] != 3) || sh[1] < 1 ||
+        sh[2] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.synthetic_shape: [", absl::StrJoin(sh, ","),
+          "]; IMAGE_FOLDER data needs [C, H, W] with C 1 (grey) or 3 (RGB)"));
+    }
+  }
+  // The shape and classes of NPY and IMAGE_FOLDER data are in its files,
+  // which a worker does not have: the model is checked against them when
+  // the coordinator builds it on the loaded data, still before training.
+  if (data.kind() == DataSpec::NPY || data.kind() == DataSpec::IMAGE_FOLDER) {
+    return absl::OkStatus();
+  }
   // Partition and head strings are checked by building the model on a
   // stand-in shape of the configured data kind (cheap for our sizes).
   DataShape shape;
-  using interlock::v1::DataSpec;
   switch (c.data().kind()) {
     case DataSpec::TEXT:
     case DataSpec::SYNTHETIC_TEXT:
+    case DataSpec::TOKEN_FILE:
       shape.is_text = true;
-      shape.classes = 256;
+      shape.classes =
+          c.data().kind() == DataSpec::TOKEN_FILE ? c.data().vocab_size() : 256;
       shape.context = TextContext(c.model());
       break;
     case DataSpec::CIFAR10:

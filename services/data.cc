@@ -1,8 +1,12 @@
-// Data sets: the loader each DataSpec kind picks, file reading and the epoch
-// order. The kinds themselves are in data_images.cc and data_text.cc.
+// Data sets: the loader each DataSpec kind picks, file reading and mapping,
+// and the epoch order. The kinds themselves are in data_images.cc,
+// data_text.cc, data_npy.cc and data_folder.cc.
 #include "services/data.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -105,16 +109,65 @@ absl::StatusOr<std::string> ReadGzFile(const std::string& path) {
   return data;
 }
 
+absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(
+    const std::string& path) {
+  RETURN_IF_ERROR(CheckExists(path, /*want_dir=*/false));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(path, "cannot open", errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(path, "cannot stat", err);
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* data = nullptr;
+  if (size > 0) {
+    data = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus(path, "cannot map", err);
+    }
+  }
+  ::close(fd);  // The mapping keeps the file open.
+  return std::shared_ptr<const MappedFile>(
+      new MappedFile(path, static_cast<const unsigned char*>(data), size));
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) {
+    ::munmap(const_cast<unsigned char*>(data_), size_);
+  }
+}
+
+torch::Tensor MappedTensor(const std::shared_ptr<const MappedFile>& file,
+                           const unsigned char* bytes,
+                           const std::vector<int64_t>& shape,
+                           torch::ScalarType dtype) {
+  return torch::from_blob(
+      const_cast<unsigned char*>(bytes), shape, [file](void*) {},
+      torch::TensorOptions().dtype(dtype));
+}
+
 }  // namespace data_internal
+
+bool IsTextKind(v1::DataSpec::Kind kind) {
+  return kind == v1::DataSpec::TEXT || kind == v1::DataSpec::SYNTHETIC_TEXT ||
+         kind == v1::DataSpec::TOKEN_FILE;
+}
 
 namespace {
 
 using data_internal::LoadCifar;
 using data_internal::LoadFashionMnist;
+using data_internal::LoadImageFolder;
 using data_internal::LoadInline;
+using data_internal::LoadNpy;
 using data_internal::LoadSyntheticTensors;
 using data_internal::LoadSyntheticText;
 using data_internal::LoadText;
+using data_internal::LoadTokenFile;
 using data_internal::SplitMix64;
 using v1::DataSpec;
 
@@ -125,9 +178,7 @@ absl::StatusOr<DataSplits> LoadDataImpl(const DataSpec& spec,
         absl::StrFormat("data: max_train %d / max_test %d must not be negative",
                         spec.max_train(), spec.max_test()));
   }
-  const bool text =
-      spec.kind() == DataSpec::TEXT || spec.kind() == DataSpec::SYNTHETIC_TEXT;
-  if (text && text_context <= 0) {
+  if (IsTextKind(spec.kind()) && text_context <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "text data: context %d, expected a positive number of tokens",
         text_context));
@@ -149,6 +200,12 @@ absl::StatusOr<DataSplits> LoadDataImpl(const DataSpec& spec,
       return LoadSyntheticText(spec, text_context);
     case DataSpec::INLINE:
       return LoadInline(spec);
+    case DataSpec::NPY:
+      return LoadNpy(spec);
+    case DataSpec::TOKEN_FILE:
+      return LoadTokenFile(spec, text_context);
+    case DataSpec::IMAGE_FOLDER:
+      return LoadImageFolder(spec);
     default:
       return absl::InvalidArgumentError(absl::StrFormat(
           "data.kind %s (%d) is not a loadable data set",

@@ -1,6 +1,8 @@
 // Data sets: Fashion-MNIST (gzipped idx), CIFAR-10/100 (binary), byte-level
-// text, synthetic data. Everything is read at start-up into memory; batches
-// are cut in a seeded order that is identical on every machine.
+// text, synthetic data, and a user's own: NumPy .npy arrays, token-id files,
+// image folders. The built-in sets and image folders are read at start-up
+// into memory; .npy and token files are memory-mapped and read per batch.
+// Batches are cut in a seeded order that is identical on every machine.
 #ifndef INTERLOCK_SERVICES_DATA_H_
 #define INTERLOCK_SERVICES_DATA_H_
 
@@ -32,10 +34,11 @@ struct DataShape {
 
 enum class Split { kTrain, kTest };
 
-// One split held in memory. Images: inputs float32 [N, C, H, W] normalised,
-// targets int64 [N]. Text: a flat uint8 token stream; sample i is the window
-// starting at i * context of length context + 1 (input = first context bytes,
-// target = the next context bytes).
+// One split, in memory or memory-mapped. Gather always returns images as
+// float32 [B, C, H, W] (vectors [B, F]) and targets as int64 [B]. Text: a
+// flat token stream; sample i is the window starting at i * context of length
+// context + 1 (input = first context tokens, target = the next context
+// tokens), both int64 [B, context].
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -50,6 +53,10 @@ struct DataSplits {
   std::unique_ptr<Dataset> train;
   std::unique_ptr<Dataset> test;
 };
+
+// Whether a data kind holds token ids (TEXT, SYNTHETIC_TEXT, TOKEN_FILE):
+// what the transformer and token models read.
+bool IsTextKind(interlock::v1::DataSpec::Kind kind);
 
 // Loads both splits as the config describes. Errors name the file and what
 // was expected (NOT_FOUND for a missing file, DATA_LOSS / INVALID_ARGUMENT for

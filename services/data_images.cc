@@ -1,5 +1,6 @@
 // Image and vector data sets: Fashion-MNIST (gzipped idx), CIFAR-10/100
 // (binary), synthetic images and vectors, rows written in the config.
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -482,6 +483,24 @@ DataInfo DataInfoOf(const v1::DataSpec& spec) {
       info.mean = data_internal::kCifarMean;
       info.std = data_internal::kCifarStd;
       break;
+    case DataSpec::IMAGE_FOLDER: {
+      // Bytes scaled to [0, 1] only; the classes are the folders' names.
+      const int64_t c =
+          spec.synthetic_shape_size() > 0 ? spec.synthetic_shape(0) : 3;
+      info.mean.assign(static_cast<size_t>(std::max<int64_t>(c, 0)), 0.0);
+      info.std.assign(info.mean.size(), 1.0);
+      auto classes = data_internal::ImageFolderClasses(spec.path());
+      if (classes.ok()) info.class_names = *std::move(classes);
+      break;
+    }
+    case DataSpec::NPY: {
+      int64_t c = 0;
+      if (data_internal::NpyInputsAreBytes(spec.path(), &c)) {
+        info.mean.assign(static_cast<size_t>(c), 0.0);
+        info.std.assign(info.mean.size(), 1.0);
+      }
+      break;
+    }
     default:
       break;
   }

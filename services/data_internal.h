@@ -1,12 +1,17 @@
-// What the data set files share: the seeded generator, file reading and the
-// loader of each kind (images in data_images.cc, text in data_text.cc; data.cc
-// picks one). Private to services/data*.cc.
+// What the data set files share: the seeded generator, file reading and
+// mapping, and the loader of each kind (images in data_images.cc, text and
+// token files in data_text.cc, .npy arrays in data_npy.cc, image folders in
+// data_folder.cc; data.cc picks one). Private to services/data*.cc.
 #ifndef INTERLOCK_SERVICES_DATA_INTERNAL_H_
 #define INTERLOCK_SERVICES_DATA_INTERNAL_H_
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -67,6 +72,38 @@ absl::Status CheckExists(const std::string& path, bool want_dir);
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 absl::StatusOr<std::string> ReadGzFile(const std::string& path);
 
+// A whole file mapped read-only (mmap): its pages are read on demand and
+// belong to the page cache, so they count as the process's file-backed
+// memory (RssFile), never its anonymous memory (RssAnon), and the kernel can
+// drop them under pressure. Unmapped when the last reference goes.
+class MappedFile {
+ public:
+  // NOT_FOUND for a missing file, as CheckExists.
+  static absl::StatusOr<std::shared_ptr<const MappedFile>> Open(
+      const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const unsigned char* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile(std::string path, const unsigned char* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+  std::string path_;
+  const unsigned char* data_;
+  size_t size_;
+};
+
+// A tensor viewing `bytes` of a mapping without a copy; it keeps the mapping
+// alive. Read-only: writing into it faults.
+torch::Tensor MappedTensor(const std::shared_ptr<const MappedFile>& file,
+                           const unsigned char* bytes,
+                           const std::vector<int64_t>& shape,
+                           torch::ScalarType dtype);
+
 // Applies a max_train / max_test cap (0 = no cap).
 inline int64_t Capped(int64_t n, int64_t cap) {
   return cap > 0 && cap < n ? cap : n;
@@ -83,6 +120,20 @@ absl::StatusOr<DataSplits> LoadInline(const v1::DataSpec& spec);
 absl::StatusOr<DataSplits> LoadText(const v1::DataSpec& spec, int64_t context);
 absl::StatusOr<DataSplits> LoadSyntheticText(const v1::DataSpec& spec,
                                              int64_t context);
+absl::StatusOr<DataSplits> LoadTokenFile(const v1::DataSpec& spec,
+                                         int64_t context);
+
+// data_npy.cc
+absl::StatusOr<DataSplits> LoadNpy(const v1::DataSpec& spec);
+// Whether DIR/train_x.npy holds bytes (scaled to [0, 1] by the loader), and
+// its channels (features of vectors); false when it cannot be read.
+bool NpyInputsAreBytes(const std::string& dir, int64_t* channels);
+
+// data_folder.cc
+absl::StatusOr<DataSplits> LoadImageFolder(const v1::DataSpec& spec);
+// The class folders of ROOT/train, sorted (the class ids in order).
+absl::StatusOr<std::vector<std::string>> ImageFolderClasses(
+    const std::string& root);
 
 }  // namespace data_internal
 }  // namespace interlock

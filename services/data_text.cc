@@ -1,11 +1,14 @@
-// Text data sets: byte-level corpus windows and synthetic text.
+// Text data sets: byte-level corpus windows, synthetic text, and token-id
+// files (TOKEN_FILE, memory-mapped).
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "plan/status_macros.h"
 #include "services/data.h"
@@ -151,6 +154,181 @@ absl::StatusOr<DataSplits> LoadSyntheticText(const DataSpec& spec,
   return MakeTextSplits(
       std::make_shared<const std::string>(SyntheticText(length)),
       "synthetic text", spec, context);
+}
+
+// ---------------------------------------------------------------- Token files
+
+namespace {
+
+// Token i of a little-endian uint16 / uint32 stream.
+inline int64_t TokenAt(const unsigned char* base, int64_t i, int width) {
+  const unsigned char* p = base + i * width;
+  if (width == 2) return int64_t{p[0]} | (int64_t{p[1]} << 8);
+  return int64_t{p[0]} | (int64_t{p[1]} << 8) | (int64_t{p[2]} << 16) |
+         (int64_t{p[3]} << 24);
+}
+
+// The largest of n little-endian tokens of type T: one pass, vectorised on
+// a little-endian machine (the bytes are the values).
+template <typename T>
+int64_t LargestToken(const unsigned char* base, int64_t n) {
+  T largest = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  for (int64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, base + i * sizeof(T), sizeof(T));
+    largest = std::max(largest, v);
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) {
+    largest = std::max(largest, static_cast<T>(TokenAt(base, i, sizeof(T))));
+  }
+#endif
+  return static_cast<int64_t>(largest);
+}
+
+// Windows of a slice [begin, begin + length) of a mapped token file: sample
+// i is the window at i * context of context + 1 tokens, as TextDataset.
+class TokenDataset : public Dataset {
+ public:
+  TokenDataset(std::shared_ptr<const MappedFile> file, int width, int64_t begin,
+               int64_t length, int64_t context, int64_t cap)
+      : file_(std::move(file)),
+        width_(width),
+        begin_(begin),
+        context_(context),
+        size_(Capped((length - 1) / context, cap)) {}
+
+  int64_t size() const override { return size_; }
+
+  std::pair<torch::Tensor, torch::Tensor> Gather(
+      const std::vector<int64_t>& indices) const override {
+    const int64_t b = static_cast<int64_t>(indices.size());
+    torch::Tensor inputs = torch::empty({b, context_}, torch::kLong);
+    torch::Tensor targets = torch::empty({b, context_}, torch::kLong);
+    int64_t* in = inputs.data_ptr<int64_t>();
+    int64_t* out = targets.data_ptr<int64_t>();
+    const unsigned char* base = file_->data() + begin_ * width_;
+    for (int64_t r = 0; r < b; ++r) {
+      const int64_t i = indices[r];
+      TORCH_CHECK(i >= 0 && i < size_, "token sample index ", i,
+                  " out of range [0, ", size_, ")");
+      const int64_t w = i * context_;
+      int64_t* in_row = in + r * context_;
+      int64_t* out_row = out + r * context_;
+      int64_t previous = TokenAt(base, w, width_);
+      for (int64_t t = 0; t < context_; ++t) {
+        const int64_t next = TokenAt(base, w + t + 1, width_);
+        in_row[t] = previous;
+        out_row[t] = next;
+        previous = next;
+      }
+    }
+    return {inputs, targets};
+  }
+
+ private:
+  std::shared_ptr<const MappedFile> file_;
+  int width_;
+  int64_t begin_;  // In tokens.
+  int64_t context_;
+  int64_t size_;
+};
+
+// Maps a token file and checks, in one pass, that it holds whole tokens all
+// below the vocabulary size.
+absl::StatusOr<std::shared_ptr<const MappedFile>> OpenTokenFile(
+    const std::string& path, int width, int64_t vocab) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file,
+                   MappedFile::Open(path));
+  const char* type = width == 2 ? "uint16" : "uint32";
+  if (file->size() % static_cast<size_t>(width) != 0) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: %d bytes is not a whole number of %s tokens (%d bytes each)", path,
+        file->size(), type, width));
+  }
+  const int64_t n = static_cast<int64_t>(file->size()) / width;
+  const unsigned char* base = file->data();
+  const int64_t largest = width == 2 ? LargestToken<uint16_t>(base, n)
+                                     : LargestToken<uint32_t>(base, n);
+  if (largest >= vocab) {
+    int64_t at = 0;
+    while (TokenAt(base, at, width) < vocab) ++at;
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: token %d at position %d (of %d %s tokens) is not below "
+        "vocab_size %d",
+        path, TokenAt(base, at, width), at, n, type, vocab));
+  }
+  return file;
+}
+
+}  // namespace
+
+absl::StatusOr<DataSplits> LoadTokenFile(const DataSpec& spec,
+                                         int64_t context) {
+  if (spec.path().empty()) {
+    return absl::InvalidArgumentError(
+        "TOKEN_FILE needs data.path: a file of token ids");
+  }
+  if (spec.vocab_size() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TOKEN_FILE: data.vocab_size ", spec.vocab_size(),
+                     ", expected the (positive) number of token ids"));
+  }
+  const int width = spec.token_dtype() == DataSpec::UINT32 ? 4 : 2;
+  const float fraction =
+      spec.test_fraction() == 0.0f ? 0.1f : spec.test_fraction();
+  if (!spec.test_path().empty() && spec.test_fraction() != 0.0f) {
+    return absl::InvalidArgumentError(
+        "TOKEN_FILE: give data.test_path or data.test_fraction, not both");
+  }
+  if (!(fraction > 0.0f && fraction < 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TOKEN_FILE: data.test_fraction ", spec.test_fraction(),
+                     ", expected a share in (0, 1)"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> train,
+                   OpenTokenFile(spec.path(), width, spec.vocab_size()));
+  std::shared_ptr<const MappedFile> test = train;
+  const int64_t train_tokens = static_cast<int64_t>(train->size()) / width;
+  int64_t train_len = train_tokens;
+  int64_t test_begin = 0;
+  int64_t test_len = 0;
+  if (!spec.test_path().empty()) {
+    ASSIGN_OR_RETURN(test,
+                     OpenTokenFile(spec.test_path(), width, spec.vocab_size()));
+    test_len = static_cast<int64_t>(test->size()) / width;
+  } else {
+    test_len = static_cast<int64_t>(static_cast<double>(train_tokens) *
+                                    static_cast<double>(fraction));
+    train_len = train_tokens - test_len;
+    test_begin = train_len;
+  }
+  if (train_len < context + 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d training tokens, too few for one window of context %d (%d "
+        "tokens)",
+        spec.path(), train_len, context, context + 1));
+  }
+  if (test_len < context + 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d test tokens%s, too few for one window of context %d (%d "
+        "tokens)",
+        spec.test_path().empty() ? spec.path() : spec.test_path(), test_len,
+        spec.test_path().empty()
+            ? absl::StrCat(" (the last ", fraction, " of the file)")
+            : std::string(),
+        context, context + 1));
+  }
+  DataSplits splits;
+  splits.shape.is_text = true;
+  splits.shape.classes = spec.vocab_size();
+  splits.shape.context = context;
+  splits.train = std::make_unique<TokenDataset>(train, width, 0, train_len,
+                                                context, spec.max_train());
+  splits.test = std::make_unique<TokenDataset>(
+      test, width, test_begin, test_len, context, spec.max_test());
+  return splits;
 }
 
 }  // namespace data_internal

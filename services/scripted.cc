@@ -453,14 +453,13 @@ class Scripted : public Family {
   absl::Status CheckData(const ModelSpec& spec,
                          interlock::v1::DataSpec::Kind kind) const override {
     ASSIGN_OR_RETURN(const ScriptedModel m, Manifest(spec));
-    const bool text = kind == interlock::v1::DataSpec::TEXT ||
-                      kind == interlock::v1::DataSpec::SYNTHETIC_TEXT;
+    const bool text = IsTextKind(kind);
     if (text != (m.loss() == ScriptedModel::TOKENS)) {
       return absl::InvalidArgumentError(
           absl::StrCat("data.kind: the scripted model's loss is ",
                        ScriptedModel::Loss_Name(m.loss()), ", which needs ",
                        text ? "class-labelled (not text) data"
-                            : "TEXT or SYNTHETIC_TEXT data"));
+                            : "TEXT, SYNTHETIC_TEXT or TOKEN_FILE data"));
     }
     return absl::OkStatus();
   }

@@ -156,8 +156,8 @@ absl::StatusOr<std::vector<Unit>> TransformerUnits(
     const interlock::v1::TransformerSpec& t, const DataShape& data) {
   if (!data.is_text) {
     return absl::InvalidArgumentError(
-        "model.transformer: needs text data (data.kind TEXT or "
-        "SYNTHETIC_TEXT)");
+        "model.transformer: needs text data (data.kind TEXT, "
+        "SYNTHETIC_TEXT or TOKEN_FILE)");
   }
   if (t.d_model() <= 0 || t.layers() <= 0 || t.heads() <= 0 ||
       t.context() <= 0) {
@@ -202,10 +202,10 @@ class Transformer : public Family {
   }
   absl::Status CheckData(const interlock::v1::ModelSpec& spec,
                          interlock::v1::DataSpec::Kind kind) const override {
-    if (kind != interlock::v1::DataSpec::TEXT &&
-        kind != interlock::v1::DataSpec::SYNTHETIC_TEXT) {
+    if (!IsTextKind(kind)) {
       return absl::InvalidArgumentError(
-          "data.kind: the transformer needs TEXT or SYNTHETIC_TEXT data");
+          "data.kind: the transformer needs TEXT, SYNTHETIC_TEXT or "
+          "TOKEN_FILE data");
     }
     return absl::OkStatus();
   }

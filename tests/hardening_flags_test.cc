@@ -225,7 +225,9 @@ TEST_F(HardeningFlags, MetricsTokenRequired) {
 TEST_F(HardeningFlags, MetricsHostBindsThere) {
   // gRPC on every interface, /metrics on loopback 127.0.0.1 only; 127.0.0.2
   // is another loopback address that reaches only the wildcard listener.
-  WorkerProcess w = Start({"--host=0.0.0.0", "--metrics_host=127.0.0.1"});
+  // (Without a token, gRPC beyond loopback needs --insecure.)
+  WorkerProcess w =
+      Start({"--host=0.0.0.0", "--metrics_host=127.0.0.1", "--insecure"});
   ASSERT_GT(w.port, 0);
   EXPECT_EQ(HttpGetFrom("127.0.0.1", w.metrics_port, "/metrics").status, 200);
   EXPECT_EQ(HttpGetFrom("127.0.0.2", w.metrics_port, "/metrics").status, -1);

@@ -242,7 +242,8 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
                              "reduction",
                              "wire",
                              "replica_busy_ratio",
-                             "topology"}));
+                             "topology",
+                             "insecure"}));
   EXPECT_EQ(KeysOf(s.fields().at("mean_step_seconds").struct_value()),
             (Keys{"wall", "virtual"}));
   EXPECT_EQ(KeysOfFirst(s, "eval"),
@@ -264,6 +265,10 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
                       ->mutable_values()) {
     e.mutable_struct_value()->mutable_fields()->erase("perplexity");
   }
+  // The one flag: a JSON boolean, false unless the run had --insecure.
+  EXPECT_TRUE(s.fields().at("insecure").has_bool_value());
+  EXPECT_FALSE(s.fields().at("insecure").bool_value());
+  numbers.mutable_fields()->erase("insecure");
   ExpectNumbers(numbers,
                 {"name", "mode", "head", "params", "digest", "reduction",
                  "wire", "kind", "address"},

@@ -14,6 +14,7 @@
 #include <regex>
 #include <string>
 
+#include "absl/strings/str_replace.h"
 #include "coordinator/train.h"
 #include "services/config.h"
 #include "services/models.h"
@@ -52,14 +53,16 @@ std::string CopyOf(const std::string& dir, const std::string& name) {
   return d;
 }
 
+// The scripted model at `dir`, trained as `training` says (fields of
+// TrainingSpec), on synthetic images of its input shape.
 RunConfig Config(const std::string& dir, const std::string& training) {
-  auto c = ParseRunConfig(absl::StrCat(R"pb(
-                                         model { scripted { path: ")pb",
-                                       dir, R"pb(                                                 " }
+  constexpr char kTemplate[] = R"pb(
+    model {
+      scripted { path: "DIR" }
       partition: "2,2,rest"
       head: "gbpl_fc"
     }
-                                                                                                  data {
+    data {
       kind: SYNTHETIC_IMAGES
       synthetic_train: 64
       synthetic_test: 32
@@ -68,9 +71,11 @@ RunConfig Config(const std::string& dir, const std::string& training) {
     }
     optimizer { kind: SGD momentum: 0.9 }
     schedule { lr: 0.05 }
-    training { batch_size: 16 microbatches: 2 steps: 3 seed: 3 )pb",
-                                       training, " }"),
-                          "scripted.pbtxt");
+    training { batch_size: 16 microbatches: 2 steps: 3 seed: 3 }
+  )pb";
+  std::string text = absl::StrReplaceAll(
+      kTemplate, {{"DIR", dir}, {"seed: 3 }", "seed: 3 " + training + " }"}});
+  auto c = ParseRunConfig(text, "scripted.pbtxt");
   EXPECT_TRUE(c.ok()) << c.status();
   return *c;
 }

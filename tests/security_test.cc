@@ -7,13 +7,16 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "coordinator/local_cluster.h"
 #include "coordinator/train.h"
 #include "proto/worker.grpc.pb.h"
 #include "rpc/channel.h"
@@ -34,12 +37,14 @@ using interlock::testing::MetricSum;
 using interlock::testing::RawUnaryCall;
 using interlock::testing::ReadFile;
 using interlock::testing::RunCommand;
+using interlock::testing::SpawnLogged;
 using interlock::testing::StartWorker;
 using interlock::testing::StopWorker;
 using interlock::testing::WorkerProcess;
 
 using interlock::worker_test::Configure;
 using interlock::worker_test::Deadline;
+using interlock::worker_test::ExitResult;
 using interlock::worker_test::Forward;
 using interlock::worker_test::GetState;
 using interlock::worker_test::kCli;
@@ -50,6 +55,7 @@ using interlock::worker_test::LoadState;
 using interlock::worker_test::MakeCertificates;
 using interlock::worker_test::OneBlockRequest;
 using interlock::worker_test::Plaintext;
+using interlock::worker_test::RunToExit;
 using interlock::worker_test::SaveState;
 using interlock::worker_test::StreamOnce;
 using interlock::worker_test::WorkerFixture;
@@ -291,6 +297,269 @@ TEST_F(TlsTest, ClusterWithTokenAndMutualTlsMatchesInProcess) {
                           " --workers " + addrs + flags);
   ASSERT_EQ(right.exit_code, 0) << right.output;
   EXPECT_EQ(DigestLine(right.output), DigestLine(local.output));
+}
+
+// --- Secure by default. ----------------------------------------------------
+
+using SecureByDefault = WorkerFixture;
+
+int Lines(const std::string& text) {
+  return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// A worker listens on loopback unless told otherwise; beyond it only with a
+// token or mutual TLS, or when --insecure says so (and its log says so).
+TEST_F(SecureByDefault, WorkerBeyondLoopbackNeedsATokenOrInsecure) {
+  // The default host: 127.0.0.1.
+  {
+    const std::string port_file = dir_ + "/default.port";
+    const pid_t pid = SpawnLogged(
+        {kWorker, "--port=0", "--metrics_port=0", "--port_file=" + port_file},
+        dir_ + "/default.log");
+    int port = 0;
+    EXPECT_TRUE(interlock::testing::WaitFor(
+        [&] { return (std::ifstream(port_file) >> port).good(); }, 30));
+    kill(pid, SIGTERM);
+    int status;
+    waitpid(pid, &status, 0);
+    const std::string log = ReadFile(dir_ + "/default.log");
+    EXPECT_NE(log.find("serving on 127.0.0.1:" + std::to_string(port) +
+                       " (plaintext, no token), metrics on 127.0.0.1:"),
+              std::string::npos)
+        << log;
+  }
+  struct Case {
+    std::vector<std::string> flags;
+    std::string fragment;
+  };
+  const std::vector<Case> refused = {
+      {{"--host=0.0.0.0"},
+       "--host 0.0.0.0 is not a loopback address and this worker has no "
+       "--token_file or mutual TLS"},
+      {{"--host", "::"}, "--host :: is not a loopback address"},
+      {{"--host=127.0.0.1", "--metrics_host=0.0.0.0"},
+       "--metrics_host 0.0.0.0 is not a loopback address and /metrics would "
+       "be open to anyone"},
+      // TLS without a CA authenticates only the worker: anyone may call.
+      {{"--host=0.0.0.0", "--tls_cert=" + dir_ + "/good.pem",
+        "--tls_key=" + dir_ + "/good.key"},
+       "--host 0.0.0.0 is not a loopback address"},
+  };
+  interlock::worker_test::MakeCertificates(dir_, "good");
+  int n = 0;
+  for (const Case& c : refused) {
+    std::vector<std::string> flags = {"--port=0", "--metrics_port=0"};
+    flags.insert(flags.end(), c.flags.begin(), c.flags.end());
+    const ExitResult r =
+        RunToExit(kWorker, flags, dir_ + "/refused" + std::to_string(n++));
+    SCOPED_TRACE(c.flags[0]);
+    EXPECT_FALSE(r.timed_out) << "it started:\n" << r.output;
+    EXPECT_TRUE(r.exited) << r.output;
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("interlock-worker: error: " + c.fragment),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("or pass --insecure on a network you trust"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(Lines(r.output), 1) << r.output;
+  }
+
+  // --insecure: it starts, says so, and answers on loopback and beyond.
+  WorkerProcess open = Start({"--host=0.0.0.0", "--insecure"});
+  ASSERT_GT(open.port, 0);
+  const std::string log = ReadFile(log_of_[open.pid]);
+  EXPECT_NE(log.find("serving on 0.0.0.0:" + std::to_string(open.port) +
+                     " (plaintext, no token, --insecure)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(HealthStatus(Plaintext(open)), 2);
+  EXPECT_EQ(HttpGet(open.metrics_port, "/metrics").empty(), false);
+
+  // A token, or mutual TLS, is enough for gRPC and for /metrics (which
+  // follows --host); --metrics_token_file for /metrics alone.
+  WriteFile(dir_ + "/token", "secure-default-token\n");
+  WorkerProcess token =
+      Start({"--host=0.0.0.0", "--token_file=" + dir_ + "/token"});
+  EXPECT_GT(token.port, 0);
+  EXPECT_EQ(ReadFile(log_of_[token.pid]).find("--insecure"), std::string::npos);
+  WorkerProcess mtls = Start(
+      {"--host=0.0.0.0", "--tls_cert=" + dir_ + "/good.pem",
+       "--tls_key=" + dir_ + "/good.key", "--tls_ca=" + dir_ + "/good-ca.pem"});
+  EXPECT_GT(mtls.port, 0);
+  WorkerProcess scraped = Start(
+      {"--metrics_host=0.0.0.0", "--metrics_token_file=" + dir_ + "/token"});
+  EXPECT_GT(scraped.port, 0);
+}
+
+// The coordinator's listeners: the membership service (--coordinator-host)
+// and /metrics (--metrics-host) default to loopback; beyond it they need a
+// token or mutual TLS, or --insecure, which summary.json records.
+TEST(SecureByDefaultCli,
+     CoordinatorListenersBeyondLoopbackNeedATokenOrInsecure) {
+  const std::string dir = MakeTempDir("secure-cli");
+  const std::string train = kCli + " train --config " + kSrc +
+                            "/configs/tests/tiny_resnet.pbtxt " + "--steps 2 ";
+  const std::string cluster = train + "--engine cluster --coordinator-port 0 ";
+  struct Refusal {
+    std::string flags, fragment;
+  };
+  for (const Refusal& c : std::vector<Refusal>{
+           {cluster + "--coordinator-host 0.0.0.0",
+            "--coordinator-host 0.0.0.0 is not a loopback address and the "
+            "run has no --token-file or mutual TLS: anyone who reaches the "
+            "membership service could join the run"},
+           {cluster + "--coordinator_host=0.0.0.0 --insecure=false",
+            "--coordinator-host 0.0.0.0 is not a loopback address"},
+           {train + "--metrics-port 0 --metrics-host 0.0.0.0",
+            "--metrics-host 0.0.0.0 is not a loopback address"}}) {
+    auto r = RunCommand(c.flags);
+    SCOPED_TRACE(c.flags);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    interlock::testing::ExpectOneLineError(r, c.flags, c.fragment);
+    EXPECT_NE(r.output.find("or pass --insecure"), std::string::npos);
+  }
+
+  // The defaults: both on 127.0.0.1.
+  auto plain = RunCommand(cluster + "--metrics-port 0 --quiet --out " + dir +
+                          "/default");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("membership service on 127.0.0.1:"),
+            std::string::npos)
+      << plain.output;
+  EXPECT_NE(plain.output.find("coordinator metrics on 127.0.0.1:"),
+            std::string::npos)
+      << plain.output;
+  EXPECT_EQ(interlock::testing::SummaryField(
+                ReadFile(dir + "/default/summary.json"), "insecure"),
+            "false");
+
+  // --insecure (either spelling): they listen on every interface, the log
+  // says so, and summary.json records it.
+  for (const std::string flag : {"--insecure", "--insecure=true"}) {
+    const std::string out = dir + "/insecure" + std::to_string(flag.size());
+    auto r = RunCommand(cluster +
+                        "--coordinator-host 0.0.0.0 --metrics-port 0 "
+                        "--metrics-host 0.0.0.0 --quiet --out " +
+                        out + " " + flag);
+    ASSERT_EQ(r.exit_code, 0) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find("membership service on 0.0.0.0:"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("(--insecure)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("coordinator metrics on 0.0.0.0:"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(interlock::testing::SummaryField(ReadFile(out + "/summary.json"),
+                                               "insecure"),
+              "true");
+  }
+
+  // A token is enough; no --insecure recorded.
+  WriteFile(dir + "/token", "coordinator-token\n");
+  auto token = RunCommand(cluster +
+                          "--coordinator-host 0.0.0.0 --metrics-port 0 "
+                          "--metrics-host 0.0.0.0 --quiet --token-file " +
+                          dir + "/token --out " + dir + "/token-run");
+  ASSERT_EQ(token.exit_code, 0) << token.output;
+  EXPECT_EQ(token.output.find("--insecure"), std::string::npos) << token.output;
+  EXPECT_EQ(interlock::testing::SummaryField(
+                ReadFile(dir + "/token-run/summary.json"), "insecure"),
+            "false");
+  std::filesystem::remove_all(dir);
+}
+
+// A local cluster started without the user's token or TLS still requires a
+// token: one generated per start, 0600 in the cluster's folder. A client
+// without it is refused; the run trains to the in-process digest; its
+// checkpoints are not sealed with it, so another local cluster (another
+// token) resumes them.
+TEST(SecureByDefaultLocalCluster, WorkersRequireTheGeneratedToken) {
+  const std::string dir = MakeTempDir("secure-local");
+  auto config = LoadRunConfig(kSrc + "/configs/tests/tiny_resnet.pbtxt");
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->mutable_training()->set_steps(4);
+
+  struct Seen {
+    std::vector<std::string> addresses;
+    std::string token, token_file;
+    int mode = -1;
+    grpc::Status missing, wrong, right;
+  };
+  std::vector<Seen> seen;
+  TrainOptions o;
+  o.output.quiet = true;
+  o.engine.kind = EngineKind::kCluster;
+  o.engine.worker_binary = kWorker;
+  o.checkpoints.dir = dir + "/checkpoints";
+  o.checkpoints.every = 2;
+  o.engine.on_cluster = [&](LocalCluster* c) {
+    if (c == nullptr) return;
+    Seen s;
+    s.addresses = c->addresses();
+    s.token = c->token();
+    s.token_file = c->token_file();
+    struct stat st;
+    if (stat(s.token_file.c_str(), &st) == 0) s.mode = st.st_mode & 07777;
+    // Every worker, called as any other local user could: by address.
+    for (const std::string& address : s.addresses) {
+      auto stub = v1::Worker::NewStub(
+          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      s.missing = GetState(stub.get());
+      s.wrong = GetState(stub.get(), "Bearer " + std::string(64, '0'));
+      s.right = GetState(stub.get(), BearerValue(s.token));
+      if (s.missing.error_code() != grpc::StatusCode::UNAUTHENTICATED) break;
+    }
+    seen.push_back(std::move(s));
+  };
+  auto first = Train(*config, o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(seen.size(), 1u);
+  const Seen& s = seen[0];
+  ASSERT_EQ(s.addresses.size(), 3u);
+  EXPECT_EQ(s.token.size(), 64u);
+  EXPECT_EQ(s.token.find_first_not_of("0123456789abcdef"), std::string::npos)
+      << s.token;
+  EXPECT_EQ(s.token_file.rfind("/tmp/interlock-cluster-", 0), 0u)
+      << s.token_file;
+  EXPECT_EQ(s.mode, 0600);
+  EXPECT_FALSE(std::filesystem::exists(s.token_file))
+      << "removed with the cluster's folder";
+  EXPECT_EQ(s.missing.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << s.missing.error_message();
+  EXPECT_NE(s.missing.error_message().find("missing bearer token"),
+            std::string::npos);
+  EXPECT_EQ(s.wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // With the token the call reaches the (not yet configured) worker.
+  EXPECT_EQ(s.right.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << s.right.error_message();
+
+  TrainOptions local;
+  local.output.quiet = true;
+  auto inprocess = Train(*config, local);
+  ASSERT_TRUE(inprocess.ok()) << inprocess.status();
+  EXPECT_EQ(first->digest, inprocess->digest);
+
+  // Not sealed with the generated token ...
+  int manifests = 0;
+  for (const auto& e :
+       std::filesystem::recursive_directory_iterator(dir + "/checkpoints")) {
+    if (e.path().filename() != "manifest.pbtxt") continue;
+    ++manifests;
+    EXPECT_EQ(ReadFile(e.path()).find("hmac-sha256"), std::string::npos)
+        << e.path();
+  }
+  EXPECT_GT(manifests, 0);
+  // ... so a new local cluster, with a token of its own, resumes them.
+  o.checkpoints.resume = dir + "/checkpoints/step-0000000002";
+  o.checkpoints.dir = dir + "/resumed";
+  auto resumed = Train(*config, o);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_NE(seen[1].token, s.token);
+  EXPECT_EQ(resumed->accounting.resumed_from_step, 2);
+  EXPECT_EQ(resumed->digest, inprocess->digest);
+  std::filesystem::remove_all(dir);
 }
 
 // --- Limits. ---------------------------------------------------------------

@@ -26,21 +26,24 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/channel.h"
 #include "rpc/coordinator_client.h"
+#include "rpc/security.h"
 #include "services/config.h"
 #include "services/device.h"
 #include "services/runtime.h"
 #include "worker/server.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0",
+ABSL_FLAG(std::string, host, "127.0.0.1",
           "address to listen on: an IP address of this machine or a name "
-          "that resolves to one");
+          "that resolves to one (0.0.0.0: every IPv4 interface); beyond "
+          "loopback it needs --token_file or mutual TLS, or --insecure");
 ABSL_FLAG(int, port, 7070,
           "gRPC port, 0..65535 (0: any free port); a port in use is an error");
 ABSL_FLAG(int, metrics_port, 9090,
           "Prometheus /metrics port, -1..65535 (0: any free port, -1: off)");
 ABSL_FLAG(std::string, metrics_host, "",
           "address of /metrics, e.g. 127.0.0.1 or a pod-internal interface "
-          "(empty: the same as --host)");
+          "(empty: the same as --host); beyond loopback it needs "
+          "--metrics_token_file, --token_file or mutual TLS, or --insecure");
 ABSL_FLAG(std::string, metrics_token_file, "",
           "file holding a bearer token /metrics requires (Authorization: "
           "Bearer <token>; 401 without it); empty: no authentication");
@@ -61,6 +64,10 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA: require client certificates signed by it (mutual TLS) and "
           "verify the next block against it");
+ABSL_FLAG(bool, insecure, false,
+          "allow --host or --metrics_host beyond loopback without a token or "
+          "mutual TLS: anyone who reaches the port can drive the worker (or "
+          "read /metrics); only on a network you trust");
 ABSL_FLAG(std::string, device, "cpu",
           "where the block runs: cpu, cuda (= cuda:0) or cuda:N; CUDA needs "
           "a LibTorch built with it and that GPU visible");
@@ -243,7 +250,7 @@ int main(int argc, char** argv) {
       "[--metrics_host H] [--metrics_token_file F] [--port_file F] "
       "[--max_message_bytes B] [--max_concurrent_streams N] "
       "[--token-file F] [--tls-cert F --tls-key F] [--tls-ca F] "
-      "[--device cpu|cuda[:N]] [--collective_host H]\n"
+      "[--insecure] [--device cpu|cuda[:N]] [--collective_host H]\n"
       "interlock-worker --health_check HOST:PORT [--health_service S] "
       "[--tls-cert F --tls-key F] [--tls-ca F]");
   std::vector<std::string> storage(argv, argv + argc);
@@ -295,6 +302,33 @@ int main(int argc, char** argv) {
             ? absl::OkStatus()
             : CheckHost("collective_host",
                         absl::GetFlag(FLAGS_collective_host))}) {
+    if (!st.ok()) {
+      std::cerr << "interlock-worker: error: " << st.message() << "\n";
+      return 2;
+    }
+  }
+  // Secure by default: nothing beyond loopback without a token or mutual TLS
+  // (or --insecure). /metrics is read-only: its own token, or a worker whose
+  // gRPC port is protected (Prometheus scrapes pods at their address), will
+  // do.
+  const bool insecure = absl::GetFlag(FLAGS_insecure);
+  const bool authenticated = interlock::AuthenticatesCallers(files);
+  for (const absl::Status& st :
+       {interlock::CheckListener(
+            "host", options.host, authenticated, insecure,
+            "this worker has no --token_file or mutual TLS: anyone who "
+            "reaches it could configure and drive it",
+            "give it --token_file (or --tls_cert, --tls_key and --tls_ca)"),
+        options.metrics_port < 0 || options.metrics_host.empty()
+            ? absl::OkStatus()
+            : interlock::CheckListener(
+                  "metrics_host", options.metrics_host,
+                  authenticated ||
+                      !absl::GetFlag(FLAGS_metrics_token_file).empty(),
+                  insecure,
+                  "/metrics would be open to anyone (no "
+                  "--metrics_token_file, --token_file or mutual TLS)",
+                  "give it --metrics_token_file")}) {
     if (!st.ok()) {
       std::cerr << "interlock-worker: error: " << st.message() << "\n";
       return 2;
@@ -358,7 +392,7 @@ int main(int argc, char** argv) {
                 : options.security.ca_pem.empty() ? "TLS"
                                                   : "mutual TLS")
             << (options.security.token.empty() ? ", no token" : ", token")
-            << "), metrics "
+            << (insecure ? ", --insecure" : "") << "), metrics "
             << ((*server)->metrics_port() < 0
                     ? std::string("off")
                     : absl::StrCat(

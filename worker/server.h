@@ -19,7 +19,7 @@
 namespace interlock {
 
 struct WorkerServerOptions {
-  std::string host = "0.0.0.0";
+  std::string host = "127.0.0.1";
   int port = 0;           // 0: any free port
   int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port
   // Address of the metrics endpoint; empty: `host`.

@@ -1,6 +1,7 @@
 #include "worker/worker_core.h"
 
 #include <algorithm>
+#include <iostream>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -82,8 +83,16 @@ void WorkerCore::Configure(
       live_group_.group->Abandon();
     }
   }
-  host_.Post(
-      [this, request, done = std::move(done)] { done(DoConfigure(request)); });
+  host_.Post([this, request, done = std::move(done)] {
+    auto response = DoConfigure(request);
+    if (!response.ok()) {
+      // A refused configuration is logged where it was refused.
+      std::cerr << "interlock-worker: configure of block " << request.block()
+                << " replica " << request.replica() << " refused: "
+                << response.status() << std::endl;
+    }
+    done(std::move(response));
+  });
 }
 
 absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(

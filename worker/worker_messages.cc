@@ -1,6 +1,8 @@
 // WorkerCore: the messages of the block's streams (from the upstream sink,
 // from the link to the next block, and its control stream to the
 // coordinator), all on the host's executor.
+#include <iostream>
+
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "plan/replica_routes.h"
@@ -338,6 +340,11 @@ void WorkerCore::HandleLinkDone(uint64_t link_id, absl::Status status) {
 
 void WorkerCore::FailRun(int block, const std::string& address,
                          const absl::Status& s) {
+  // Logged here, on the side that saw it, as well as reported.
+  std::cerr << "interlock-worker: run "
+            << (run_ ? run_->run_id : std::string("(none)")) << " block "
+            << (run_ ? run_->block : -1) << ": the link to block " << block
+            << " at " << address << " failed: " << s << std::endl;
   if (run_) run_->failed = true;
   v1::ControlEvent event;
   auto* f = event.mutable_failure();

@@ -199,6 +199,16 @@ function checkPodSpec(where, template, byKind) {
   }
 }
 
+// Secure by default: the binaries listen on 127.0.0.1 unless told, which
+// other pods (peers, Prometheus) and the kubelet's probes cannot reach. A
+// listener flag must name every interface or the pod IP, and no manifest
+// may pass --insecure (the token allows listening beyond loopback).
+function reachableHost(container, value) {
+  return value === "0.0.0.0" || value === "::" || value === "[::]" ||
+    envField(container, value) === "status.podIP";
+}
+const insecure = (c) => (c.args ?? []).some((a) => /^--insecure(=|$)/.test(a));
+
 function portNumber(container, nameOrNumber) {
   if (typeof nameOrNumber === "number") return nameOrNumber;
   return container.ports?.find((p) => p.name === nameOrNumber)?.containerPort;
@@ -228,6 +238,11 @@ function checkWorkerContainer(w, d) {
   const token = flagValue(c.args, "token_file") ?? flagValue(c.args, "token-file");
   check(token && volumeFor(d.spec.template.spec, c, token)?.secret,
     `${w}: --token_file is read from the Secret volume`);
+  const host = flagValue(c.args, "host");
+  check(reachableHost(c, host), `${w}: --host=${host} is reachable from other pods (the default is loopback)`);
+  const metricsHost = flagValue(c.args, "metrics_host") ?? host;
+  check(reachableHost(c, metricsHost), `${w}: /metrics on ${metricsHost} is reachable by Prometheus`);
+  check(!insecure(c), `${w}: no --insecure (the token allows --host beyond loopback)`);
   checkDevice(w, c);
   return sleep;
 }
@@ -380,6 +395,9 @@ function checkCoordinatorMembership(job, byKind) {
   }
   check(envField(c, flagValue(c.args, "collective-host")) === "status.podIP",
     `${w}: --collective_host is the pod IP (where the workers reach the store)`);
+  const host = flagValue(c.args, "coordinator-host");
+  check(reachableHost(c, host),
+    `${w}: --coordinator-host=${host} is reachable by the workers (the default is loopback)`);
 }
 
 // A worker runs its block on a GPU (--device=cuda[:N]) exactly when its pod
@@ -409,6 +427,10 @@ function checkCoordinator(jobs, chain, byKind) {
     check(c[p]?.httpGet?.path === "/metrics" && portNumber(c, c[p]?.httpGet?.port) === metrics,
       `${w}: ${p} is an HTTP GET of /metrics`);
   }
+  const metricsHost = flagValue(c.args, "metrics-host");
+  check(reachableHost(c, metricsHost),
+    `${w}: --metrics-host=${metricsHost} is reachable by Prometheus and the probes (the default is loopback)`);
+  check(!insecure(c), `${w}: no --insecure (the token allows listeners beyond loopback)`);
   const expected = [...Array(chain.k).keys()]
     .map((b) => `dns:///interlock-block-${b}:${chain.grpc}`).join(",");
   check(flagValue(c.args, "workers") === expected,
