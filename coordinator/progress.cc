@@ -1,5 +1,6 @@
 #include "coordinator/progress.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -17,8 +18,13 @@ std::string FormatDuration(double s) {
 }
 
 Progress::Progress(std::ostream* out, bool bar, bool quiet, int64_t total,
-                   std::string title)
-    : out_(out), bar_(bar), quiet_(quiet), total_(total), title_(title) {}
+                   std::string title, double budget_seconds)
+    : out_(out),
+      bar_(bar),
+      quiet_(quiet),
+      total_(total),
+      title_(title),
+      budget_seconds_(budget_seconds) {}
 
 void Progress::Update(int64_t done, const std::vector<double>& losses,
                       double sps, double elapsed) {
@@ -27,8 +33,11 @@ void Progress::Update(int64_t done, const std::vector<double>& losses,
   for (double l : losses) {
     if (std::isfinite(l)) ls.push_back(absl::StrFormat("%.3f", l));
   }
-  const double eta =
+  double eta =
       done > 0 ? elapsed / static_cast<double>(done) * (total_ - done) : 0.0;
+  if (budget_seconds_ > 0) {
+    eta = std::min(eta, std::max(0.0, budget_seconds_ - elapsed));
+  }
   const std::string stats =
       absl::StrFormat("loss %s | %.0f samples/s | ETA %s",
                       absl::StrJoin(ls, "/"), sps, FormatDuration(eta));

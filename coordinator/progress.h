@@ -12,8 +12,10 @@ namespace interlock {
 
 class Progress {
  public:
+  // `budget_seconds` > 0: a wall-time budget that may end the run before
+  // `total` steps; the ETA is then the nearer of the two.
   Progress(std::ostream* out, bool bar, bool quiet, int64_t total,
-           std::string title);
+           std::string title, double budget_seconds = 0.0);
   // `losses` per block (NaN where a block has no head).
   void Update(int64_t done, const std::vector<double>& losses,
               double samples_per_second, double elapsed_seconds);
@@ -25,6 +27,7 @@ class Progress {
   bool quiet_;
   int64_t total_;
   std::string title_;
+  double budget_seconds_;
   double last_log_ = -1e9;
   int64_t last_logged_ = 0;
   bool drawn_ = false;

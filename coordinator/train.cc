@@ -102,7 +102,8 @@ class Runner {
             o_.output.progress_label.empty() ? ""
                                              : o_.output.progress_label + " ",
             c_.name(), " ", ModeName(c_),
-            c_.has_wire() ? absl::StrCat(" wire ", WireName(c_.wire())) : ""));
+            c_.has_wire() ? absl::StrCat(" wire ", WireName(c_.wire())) : ""),
+        absl::ToDoubleSeconds(o_.budget.wall));
     s_.records.SetProgress(&progress);
     s_.timer.Start(resume.wall_seconds);
     if (metrics_) {
