@@ -159,6 +159,9 @@ absl::Status CheckManifest(const ScriptedModel& m, const std::string& where) {
 // The spec's manifest: the resolved one, else read from the folder.
 absl::StatusOr<ScriptedModel> Manifest(const ModelSpec& spec) {
   if (spec.scripted().model().units_size() > 0) {
+    // Resolved by the coordinator and sent with Configure: checked as the
+    // file would be.
+    RETURN_IF_ERROR(CheckManifest(spec.scripted().model(), "model.pbtxt"));
     return spec.scripted().model();
   }
   if (spec.scripted().path().empty()) {

@@ -106,6 +106,11 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     return absl::InvalidArgumentError("configure: run_id is empty");
   }
   v1::RunConfig config = req.config();
+  // A worker builds a scripted model from the files Configure carries
+  // only, never from a path of the coordinator's machine.
+  if (config.model().has_scripted()) {
+    config.mutable_model()->mutable_scripted()->clear_path();
+  }
   ApplyDefaults(config);
   RETURN_IF_ERROR(ValidateRunConfig(config));
   ASSIGN_OR_RETURN(int k_blocks, NumBlocks(config.model()));
