@@ -44,26 +44,7 @@ const std::string kCli = INTERLOCK_CLI;
          << "\"" << text << "\" does not contain \"" << part << "\"";
 }
 
-// A fresh folder per test under TMPDIR, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(
-        base != nullptr && base[0] ? base : "/tmp", "/data_formats_XXXXXX");
-    path_ = mkdtemp(pattern.data()) != nullptr ? pattern : "";
-  }
-  ~TempDir() {
-    if (!path_.empty()) fs::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const {
-    return absl::StrCat(path_, "/", name);
-  }
-
- private:
-  std::string path_;
-};
+using interlock::testing::TempDir;
 
 void WriteFile(const std::string& path, const std::string& data) {
   fs::create_directories(fs::path(path).parent_path());
@@ -588,13 +569,26 @@ TEST(TokenFileData, ModelsTakeItAsText) {
 
   // A scripted language model (its manifest inline) takes token files and
   // refuses class-labelled data, and a scripted classifier the other way.
+  // The manifest is checked as a model.pbtxt would be: a valid one.
   v1::ModelSpec lm;
   auto* m = lm.mutable_scripted()->mutable_model();
+  m->set_torch_version("1.13.0");
+  m->add_input_shape(8);
+  m->set_input_dtype("int64");
   m->set_loss(v1::ScriptedModel::TOKENS);
-  m->add_units()->set_file("unit0.pt");
-  EXPECT_TRUE(CheckModelData(lm, DataSpec::TOKEN_FILE).ok());
+  m->set_classes(1000);
+  auto* unit = m->add_units();
+  unit->set_file("unit0.pt");
+  unit->set_sha256(std::string(64, '0'));
+  unit->add_output_shape(8);
+  unit->add_output_shape(1000);
+  EXPECT_TRUE(CheckModelData(lm, DataSpec::TOKEN_FILE).ok())
+      << CheckModelData(lm, DataSpec::TOKEN_FILE);
   EXPECT_FALSE(CheckModelData(lm, DataSpec::NPY).ok());
   m->set_loss(v1::ScriptedModel::CLASSES);
+  m->set_input_dtype("float32");
+  unit->clear_output_shape();
+  unit->add_output_shape(1000);
   EXPECT_TRUE(CheckModelData(lm, DataSpec::NPY).ok());
   EXPECT_TRUE(CheckModelData(lm, DataSpec::IMAGE_FOLDER).ok());
   EXPECT_TRUE(Contains(CheckModelData(lm, DataSpec::TOKEN_FILE).message(),

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "tests/test_util.h"
 
 namespace interlock {
 namespace {
@@ -29,28 +30,7 @@ using v1::DataSpec;
          << "\"" << text << "\" does not contain \"" << part << "\"";
 }
 
-// A fresh folder per test under TMPDIR, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(
-        base != nullptr && base[0] ? base : "/tmp", "/data_test_XXXXXX");
-    path_ = mkdtemp(pattern.data()) != nullptr ? pattern : "";
-  }
-  ~TempDir() {
-    if (!path_.empty()) {
-      std::system(absl::StrCat("rm -rf '", path_, "'").c_str());
-    }
-  }
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const {
-    return absl::StrCat(path_, "/", name);
-  }
-
- private:
-  std::string path_;
-};
+using interlock::testing::TempDir;
 
 void WriteFile(const std::string& path, const std::string& data) {
   std::ofstream out(path, std::ios::binary);

@@ -3,7 +3,8 @@
 # it: export the model with the Python package, then train it in process
 # and on a local cluster of worker processes. The two must end with the
 # same digest (bitwise equal parameters) in E2E, 2-way FURTHEST and 2-way
-# SUM. Usage: scripted_config_test.sh SOURCE_DIR INTERLOCK_CLI
+# SUM, with block replicas and with a compressed wire.
+# Usage: scripted_config_test.sh SOURCE_DIR INTERLOCK_CLI
 set -euo pipefail
 SRC="$1"
 CLI="$2"
@@ -12,7 +13,10 @@ trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 /usr/bin/python3 "$SRC/python/examples/export_small_cnn.py" models/small_cnn >/dev/null
 fail=0
-for mode in "--mode e2e" "--n 2 --rule furthest" "--n 2 --rule sum"; do
+# The last two: block 0 on two ORDERED replicas, and BF16 on the wire; both
+# equal in process (which applies the same codec at every boundary).
+for mode in "--mode e2e" "--n 2 --rule furthest" "--n 2 --rule sum" \
+  "--n 2 --replicas 2,1,1" "--n 2 --wire bf16"; do
   digests=()
   for engine in inprocess cluster; do
     # shellcheck disable=SC2086

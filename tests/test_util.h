@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -14,9 +16,34 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace interlock::testing {
+
+// A fresh folder per test under TMPDIR (else /tmp), removed at the end.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "interlock_test") {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = absl::StrCat(
+        base != nullptr && base[0] ? base : "/tmp", "/", prefix, "_XXXXXX");
+    path_ = mkdtemp(pattern.data()) != nullptr ? pattern : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const {
+    return absl::StrCat(path_, "/", name);
+  }
+
+ private:
+  std::string path_;
+};
 
 // The whole file ("" when it cannot be read).
 inline std::string ReadFile(const std::string& path) {
