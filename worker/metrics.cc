@@ -1,5 +1,7 @@
 #include "worker/metrics.h"
 
+#include "services/messages.h"
+
 namespace interlock {
 namespace {
 
@@ -116,6 +118,47 @@ BlockMetrics& WorkerMetrics::ForBlock(int block, int replica,
   m.head_loss = &head_loss_->Add(base);
   m.configured = &configured_->Add(base);
   return blocks_.emplace(key, m).first->second;
+}
+
+void ObserveUpward(const UpwardMsg& m, int block, BlockMetrics* metrics) {
+  if (m.final) metrics->microbatches->Increment();
+  for (const auto& t : m.timings) {
+    if (t.block != block) continue;
+    switch (t.phase) {
+      case Phase::kForward:
+        metrics->forward_seconds->Observe(t.seconds);
+        break;
+      case Phase::kHead:
+        metrics->head_seconds->Observe(t.seconds);
+        break;
+      case Phase::kBackward:
+        metrics->backward_seconds->Observe(t.seconds);
+        break;
+      case Phase::kOptimizer:
+        metrics->optimizer_seconds->Observe(t.seconds);
+        break;
+      case Phase::kInputGrad:
+        metrics->input_grad_seconds->Observe(t.seconds);
+        break;
+      case Phase::kParamPass:  // calibration, not training work
+      case Phase::kSharedPass:
+      case Phase::kInputPass:
+        break;
+    }
+  }
+  for (const auto& rep : m.reports) {
+    if (rep.block == block) metrics->head_loss->Set(rep.loss);
+  }
+}
+
+void ObserveStepDone(const StepDone& d, double reduction, double reduction_wait,
+                     BlockMetrics* metrics) {
+  metrics->step->Set(static_cast<double>(d.step + 1));
+  metrics->optimizer_seconds->Observe(d.timing.seconds);
+  if (reduction >= 0) metrics->reduction_seconds->Observe(reduction);
+  if (reduction_wait >= 0) {
+    metrics->reduction_wait_seconds->Observe(reduction_wait);
+  }
 }
 
 }  // namespace interlock

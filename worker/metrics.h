@@ -17,6 +17,9 @@
 
 namespace interlock {
 
+struct StepDone;
+struct UpwardMsg;
+
 struct BlockMetrics {
   prometheus::Counter* microbatches = nullptr;
   prometheus::Histogram* forward_seconds = nullptr;
@@ -42,6 +45,14 @@ struct BlockMetrics {
   prometheus::Gauge* head_loss = nullptr;
   prometheus::Gauge* configured = nullptr;
 };
+
+// What block `block`'s driver reports, observed: its own phases' times and
+// head loss from an upward message, the step and its optimizer and
+// reduction times (`reduction`, `reduction_wait`: the trainer's last, when
+// the block has replicas; negative: none) from a finished step.
+void ObserveUpward(const UpwardMsg& m, int block, BlockMetrics* metrics);
+void ObserveStepDone(const StepDone& d, double reduction, double reduction_wait,
+                     BlockMetrics* metrics);
 
 class WorkerMetrics {
  public:

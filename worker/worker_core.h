@@ -20,6 +20,7 @@
 #include "services/wire.h"
 #include "services/wire_frame.h"
 #include "worker/metrics.h"
+#include "worker/snapshot_store.h"
 
 namespace interlock {
 
@@ -173,9 +174,13 @@ class WorkerCore {
   // The configured run, if `run_id` and `generation` name it.
   absl::Status CheckRun(const std::string& what, const std::string& run_id,
                         int64_t generation) const;
-  // Keeps the block's state at the boundary before `step` (on the
-  // executor, right after the block stepped `step - 1` or was loaded).
-  void TakeSnapshot(int64_t step);
+  // Ends the configured run (if any): its streams end with `ended`.
+  void EndRun(const absl::Status& ended);
+  // The response and state bound of a block whose trainer is `trainer`.
+  void Describe(BlockTrainer& trainer, Run* run);
+  // Routes the driver's messages to the streams and its reports to the
+  // block's metrics.
+  BlockDriver::Callbacks DriverCallbacks(Run* run);
 
   const WorkerOptions options_;
   WorkerMetrics* const metrics_;
@@ -191,17 +196,9 @@ class WorkerCore {
   std::map<int, std::shared_ptr<UpstreamSink>> sinks_;
   std::shared_ptr<ControlSink> control_;  // guarded by sink_mu_
 
-  // The block's state at recent step boundaries (ConfigureRequest.snapshots)
-  // of the run and generation named, by step: what the next generation's
-  // Configure restores (ConfigureRequest.restore_step). On the executor.
-  struct Snapshots {
-    std::string run_id;
-    int64_t generation = 0;
-    int block = 0;
-    int64_t keep = 0;                             // boundaries kept
-    std::map<int64_t, BlockStateRecord> by_step;  // CPU tensors
-  };
-  Snapshots snapshots_;
+  // The block's state at recent step boundaries of the configured run: what
+  // the next generation's Configure restores. On the executor.
+  SnapshotStore snapshots_;
 
   // The configured run's reduction group, reachable off the executor: a
   // Configure of that run's next generation abandons the reduction in

@@ -11,39 +11,19 @@
 #include <vector>
 
 #include "services/wire_codec.h"
+#include "worker/block_run_spec.h"
 #include "worker/worker_core.h"
 
 namespace interlock {
 
-struct WorkerCore::Run {
-  explicit Run(WireCodec c) : codec(std::move(c)) {}
+// The resolved configuration (fixed from Configure on) and the live state
+// of the block's run.
+struct WorkerCore::Run : BlockRunSpec {
+  Run(BlockRunSpec spec, WireCodec c)
+      : BlockRunSpec(std::move(spec)), codec(std::move(c)) {}
 
-  std::string run_id;
-  int64_t generation = 0;
-  int block = 0;
-  int num_blocks = 1;
-  int microbatches = 1;
-  int64_t eval_batch = 1;
-  int64_t classes = 0;
-  // Replica `replica` of `replicas` hosting the block; the replicas of the
-  // next block, in order.
-  int replica = 0;
-  int replicas = 1;
-  std::vector<std::string> next_addresses;
-  int64_t max_message_bytes = 0;
-  std::vector<int64_t> sample_shape;  // block input, no batch dimension
-  std::vector<int64_t> output_shape;  // block output, no batch dimension
-  std::vector<int64_t> target_shape;  // no batch dimension
-  int64_t mb_size = 1;
-  // Micro-batches the coordinator keeps in flight, and what follows from
-  // it: how many steps ahead of the block a forward can be, how many
-  // forwards can wait in the driver's queue.
-  int window = 0;
-  int64_t max_steps_ahead = 0;
-  int64_t max_queued = 0;
   // The largest archive this block's SaveState can produce, with margin.
   int64_t max_state_bytes = 0;
-  torch::ScalarType input_dtype = torch::kFloat32;
   WireCodec codec;
   BlockDriver* driver = nullptr;  // the host's
   // Links to the next block's replicas, opened on first use.
@@ -65,8 +45,6 @@ struct WorkerCore::Run {
     for (auto& [replica, l] : links) l.link->Close();
   }
   bool failed = false;
-  // Keeps step-boundary snapshots (ConfigureRequest.snapshots).
-  bool snapshots = false;
   BlockMetrics* metrics = nullptr;
   int64_t nonfinite_seen = 0;  // the trainer's count already exported
   interlock::v1::ConfigureResponse response;
