@@ -70,15 +70,22 @@ class Engine {
   // attempt is applied) and reopens the chain. Engines that cannot fail
   // this way answer UNIMPLEMENTED.
   virtual absl::Status Recover(absl::Duration timeout) = 0;
-  // Elastic membership (ARCHITECTURE: replicas). Whether joins or leaves wait
-  // for a step boundary.
-  virtual bool MembershipPending() { return false; }
+  // Its elastic operations; null for an engine with no workers to change.
+  virtual class ElasticEngine* elastic() { return nullptr; }
+  virtual void Shutdown() = 0;
+};
+
+// An engine whose workers can join, leave and fail over (ARCHITECTURE:
+// replicas). Only the cluster engine is one: the in-process engine carries
+// none of this.
+class ElasticEngine : public Engine {
+ public:
+  ElasticEngine* elastic() final { return this; }
+  // Whether joins or leaves wait for a step boundary.
+  virtual bool MembershipPending() = 0;
   // Applies them with the chain idle before `step`: the state of every
   // block moves from a live replica to the new topology in memory.
-  virtual absl::Status ApplyMembership(int64_t step) {
-    (void)step;
-    return absl::OkStatus();
-  }
+  virtual absl::Status ApplyMembership(int64_t step) = 0;
   // After a failure in which replicas died but every block kept one:
   // continues without them from the last step boundary every block passed,
   // from the survivors' snapshots (no checkpoint), and returns that step.
@@ -86,16 +93,11 @@ class Engine {
   // `accounted`: the driver has taken in every event of steps before it
   // (events still queued in the engine are dropped), so the run continues
   // no later than there.
-  virtual absl::StatusOr<int64_t> RecoverFromReplicas(int64_t accounted) {
-    (void)accounted;
-    return absl::UnimplementedError("no replicas to fail over to");
-  }
+  virtual absl::StatusOr<int64_t> RecoverFromReplicas(int64_t accounted) = 0;
   // The topology changes so far (empty: it never changed).
-  virtual std::vector<TopologyEvent> TopologyHistory() const { return {}; }
-  // The workers of every block now, replicas in routing order (empty: the
-  // engine has no workers).
-  virtual Topology Workers() const { return {}; }
-  virtual void Shutdown() = 0;
+  virtual std::vector<TopologyEvent> TopologyHistory() const = 0;
+  // The workers of every block now, replicas in routing order.
+  virtual Topology Workers() const = 0;
 };
 
 }  // namespace interlock

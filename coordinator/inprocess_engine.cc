@@ -1,15 +1,13 @@
 #include "coordinator/inprocess_engine.h"
 
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/event_queue.h"
 #include "plan/status_macros.h"
 #include "services/block_host.h"
 #include "services/runtime.h"
@@ -47,7 +45,7 @@ class InProcessEngine : public Engine {
     options.on_error = [this](absl::Status s) {
       // Sequential: nothing queued runs after an error.
       if (schedule_ == Schedule::kSequential) queue_.Clear();
-      Fail(std::move(s));
+      events_.Fail(std::move(s));
     };
     for (int k = 0; k < k_blocks; ++k) {
       TrainerOptions trainer_options =
@@ -62,12 +60,12 @@ class InProcessEngine : public Engine {
       };
       cb.send_up = [this, k](UpwardMsg m) {
         if (k == 0) {
-          Emit(codec_.Transfer(std::move(m)));
+          events_.Push(codec_.Transfer(std::move(m)));
         } else {
           hosts_[k - 1]->Upward(codec_.Transfer(std::move(m)));
         }
       };
-      cb.step_done = [this](StepDone d) { Emit(d); };
+      cb.step_done = [this](StepDone d) { events_.Push(d); };
       hosts_.push_back(std::make_unique<BlockHost>(
           options, std::make_unique<BlockDriver>(std::move(trainer), cb)));
     }
@@ -78,34 +76,26 @@ class InProcessEngine : public Engine {
 
   absl::Status Submit(ForwardMsg msg) override {
     {
-      std::lock_guard<std::mutex> l(mu_);
-      if (!error_.ok()) return error_;
+      auto l = events_.Lock();
+      if (!events_.ErrorLocked().ok()) return events_.ErrorLocked();
     }
     hosts_[0]->Forward(codec_.Transfer(std::move(msg)));
     if (schedule_ == Schedule::kSequential) queue_.RunPending();
-    std::lock_guard<std::mutex> l(mu_);
-    return error_;
+    auto l = events_.Lock();
+    return events_.ErrorLocked();
   }
 
   absl::StatusOr<EngineEvent> Next() override {
-    std::unique_lock<std::mutex> l(mu_);
-    if (schedule_ == Schedule::kThreaded) {
-      cv_.wait(l, [&] { return !out_.empty() || !error_.ok(); });
-    }
-    if (!error_.ok()) return error_;
-    if (out_.empty()) {
-      return absl::FailedPreconditionError(
-          "in-process engine: waiting for an event with no work in flight");
-    }
-    EngineEvent e = std::move(out_.front());
-    out_.pop_front();
-    return e;
+    // Sequential: every event of the work submitted is queued already.
+    return events_.Next(schedule_ == Schedule::kThreaded
+                            ? absl::InfiniteDuration()
+                            : absl::ZeroDuration(),
+                        absl::FailedPreconditionError(
+                            "in-process engine: waiting for an event with no "
+                            "work in flight"));
   }
 
-  bool Ready() override {
-    std::lock_guard<std::mutex> l(mu_);
-    return !out_.empty() || !error_.ok();
-  }
+  bool Ready() override { return events_.Ready(); }
 
   absl::StatusOr<std::vector<HeadEval>> Evaluate(
       const torch::Tensor& input, const torch::Tensor& target) override {
@@ -182,31 +172,12 @@ class InProcessEngine : public Engine {
   }
 
  private:
-  void Emit(EngineEvent e) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      out_.push_back(std::move(e));
-    }
-    cv_.notify_all();
-  }
-
-  void Fail(absl::Status s) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (error_.ok()) error_ = std::move(s);
-    }
-    cv_.notify_all();
-  }
-
   const Schedule schedule_;
   const int threads_;
   const WireCodec codec_;
   BlockHost::SharedQueue queue_;  // sequential schedule
   std::vector<std::unique_ptr<BlockHost>> hosts_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<EngineEvent> out_;
-  absl::Status error_;
+  EventQueue events_;
 };
 
 }  // namespace

@@ -166,8 +166,12 @@ absl::StatusOr<int64_t> RunRecovery::Recover(const absl::Status& failure) {
   }
   // Replicas died but every block kept one: the survivors carry on from
   // their snapshots, without a checkpoint.
-  auto failover = engine_.RecoverFromReplicas(
-      std::min(state_.ledger.MinStepsDone(), state_.records.completed()));
+  absl::StatusOr<int64_t> failover =
+      absl::UnimplementedError("no replicas to fail over to");
+  if (ElasticEngine* elastic = engine_.elastic()) {
+    failover = elastic->RecoverFromReplicas(
+        std::min(state_.ledger.MinStepsDone(), state_.records.completed()));
+  }
   if (failover.ok()) {
     ++state_.ledger.accounting().failovers;
     *log_ << "\ninterlock: " << failure.message()

@@ -189,7 +189,8 @@ class Runner {
         if (mb == 0) {
           // The clock follows joins, leaves and fail-overs from the step
           // they take effect at (an unchanged topology changes nothing).
-          const Topology workers = engine_.Workers();
+          const Topology workers =
+              engine_.elastic() ? engine_.elastic()->Workers() : Topology();
           s_.clock.SetTopology(s, workers);
           routes = MeasuredRoutes(s, workers);
           if (!routes.empty()) s_.clock.SetRoutes(s, routes);
@@ -222,14 +223,15 @@ class Runner {
       if (checkpoint_due) RETURN_IF_ERROR(recovery_.Take(s + 1).status());
       // Joins and leaves (ARCHITECTURE: replicas) take effect at a step
       // boundary, with the chain idle.
-      if (s + 1 < total_ && engine_.MembershipPending()) {
+      ElasticEngine* elastic = engine_.elastic();
+      if (s + 1 < total_ && elastic && elastic->MembershipPending()) {
         const auto t0 = absl::Now();
         RETURN_IF_ERROR(DrainThrough(s));
         RETURN_IF_ERROR(EndOpProfile(s + 1));
         const auto drained = absl::Now();
-        const size_t changes = engine_.TopologyHistory().size();
-        RETURN_IF_ERROR(engine_.ApplyMembership(s + 1));
-        const auto history = engine_.TopologyHistory();
+        const size_t changes = elastic->TopologyHistory().size();
+        RETURN_IF_ERROR(elastic->ApplyMembership(s + 1));
+        const auto history = elastic->TopologyHistory();
         const bool changed = history.size() > changes;
         *o_.output.log << "interlock: "
                        << (changed ? "topology changed"
@@ -275,7 +277,8 @@ class Runner {
     result.final_losses = s_.records.last_losses();
     result.skipped_steps = s_.ledger.SkippedPerBlock();
     result.replicas = Replicas();
-    result.topology = engine_.TopologyHistory();
+    if (engine_.elastic())
+      result.topology = engine_.elastic()->TopologyHistory();
     if (!result.topology.empty())
       result.replicas = result.topology.back().replicas;
     result.insecure = o_.engine.insecure;
