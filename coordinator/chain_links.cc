@@ -40,15 +40,7 @@ ChainLinks::ChainLinks(const v1::RunConfig& config, const DataShape& shape,
       events_(events) {}
 
 absl::Status ChainLinks::Init(const Topology& workers) {
-  ASSIGN_OR_RETURN(const int k_blocks, NumBlocks(config_.model()));
-  if (static_cast<int>(workers.size()) != k_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--workers: ", workers.size(), " blocks of addresses for a model of ",
-        k_blocks, " blocks"));
-  }
-  RETURN_IF_ERROR(CheckReplicas(ReplicaCounts(workers), k_blocks,
-                                config_.training().microbatches(),
-                                "--workers"));
+  const int k_blocks = static_cast<int>(workers.size());
   ASSIGN_OR_RETURN(max_bytes_, codec_.MaxMessageBytes(config_, shape_));
   // A scripted model's files travel with Configure, each block's to its
   // workers, so the run's messages must hold the largest set.

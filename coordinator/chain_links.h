@@ -35,8 +35,9 @@ class ChainLinks {
              EventQueue* events);
   ~ChainLinks() { Close(/*drain=*/true); }
 
-  // Checks the topology against the model and sizes the run's messages
-  // (a scripted model's files travel with Configure). Before anything else.
+  // Sizes the run's messages (a scripted model's files travel with
+  // Configure) for `workers`, the resolved run's topology. Before anything
+  // else.
   absl::Status Init(const Topology& workers);
 
   const std::string& run_id() const { return run_id_; }

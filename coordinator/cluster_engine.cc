@@ -127,11 +127,10 @@ class ClusterEngine : public ElasticEngine {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(
-    const v1::RunConfig& config, const DataShape& shape,
+    const ResolvedRun& run, const DataShape& shape,
     const ClusterOptions& options) {
-  ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));
   auto engine =
-      std::make_unique<ClusterEngine>(config, shape, options, std::move(codec));
+      std::make_unique<ClusterEngine>(run.config, shape, options, run.codec);
   RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<Engine>(std::move(engine));
 }

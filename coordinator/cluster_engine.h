@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
 #include "coordinator/membership.h"
+#include "coordinator/resolved_run.h"
 #include "plan/topology.h"
 #include "proto/config.pb.h"
 #include "rpc/security.h"
@@ -59,8 +60,9 @@ struct ClusterOptions {
   std::function<void(const MemberChange&, const absl::Status&)> on_join_dropped;
 };
 
+// `options.workers` is the topology `run` was resolved with.
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(
-    const interlock::v1::RunConfig& config, const DataShape& shape,
+    const ResolvedRun& run, const DataShape& shape,
     const ClusterOptions& options);
 
 }  // namespace interlock

@@ -301,7 +301,8 @@ int CompareMain(const CompareOptions& o) {
   if (!lock.ok()) return fail(lock.status().message(), 1);
   // A balanced cut is chosen once, so that every mode trains the same blocks.
   const bool auto_partition = config.model().partition() == kAutoPartition;
-  if (auto st = ResolveAutoPartition(config, o.out_dir + "/units", log);
+  if (auto st = ResolveAutoPartition(config, o.out_dir + "/units",
+                                     UnitsByTraining(&log), log);
       !st.ok()) {
     return fail(st.message(), 1);
   }

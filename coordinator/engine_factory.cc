@@ -26,35 +26,19 @@ RunEngine::~RunEngine() {
 }
 
 absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
-    const interlock::v1::RunConfig& config, const DataShape& shape,
+    const ResolvedRun& resolved, const DataShape& shape,
     const EngineOptions& options, int window, CoordinatorMetrics* metrics,
     std::ostream* log) {
   std::unique_ptr<RunEngine> run(new RunEngine());
-  ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
-  ASSIGN_OR_RETURN(const std::vector<c10::Device> devices,
-                   BlockDevices("--device", options.devices, k));
+  const v1::RunConfig& config = resolved.config;
+  const int k = resolved.blocks;
   if (options.kind == EngineKind::kInProcess) {
-    ASSIGN_OR_RETURN(
-        run->engine_,
-        MakeInProcessEngine(config, shape, options.schedule, devices));
+    ASSIGN_OR_RETURN(run->engine_,
+                     MakeInProcessEngine(resolved, shape, options.schedule));
     return run;
   }
-  if (!options.workers.empty() && !options.devices.empty()) {
-    return absl::InvalidArgumentError(
-        "--device: remote workers run their blocks where their own --device "
-        "says; it applies in process and to a local cluster only");
-  }
-  if (!options.workers.empty() && !options.replicas.empty()) {
-    return absl::InvalidArgumentError(
-        "--replicas: with --workers, list each block's replicas there "
-        "(A1+A2,B,...)");
-  }
-  std::vector<int> replicas = options.replicas;
-  if (replicas.empty()) replicas.assign(k, 1);
-  RETURN_IF_ERROR(CheckReplicas(
-      options.workers.empty() ? replicas : ReplicaCounts(options.workers), k,
-      config.training().microbatches(),
-      options.workers.empty() ? "--replicas" : "--workers"));
+  const std::vector<int>& replicas = resolved.replicas;
+  const std::vector<c10::Device>& devices = resolved.devices;
   ClusterOptions co;
   co.workers = options.workers;
   co.collective_host = options.collective_host;
@@ -172,7 +156,7 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
          << " but is gone at the step boundary; not joined (" << why.message()
          << ")\n";
   };
-  ASSIGN_OR_RETURN(run->engine_, MakeClusterEngine(config, shape, co));
+  ASSIGN_OR_RETURN(run->engine_, MakeClusterEngine(resolved, shape, co));
   return run;
 }
 

@@ -15,6 +15,7 @@
 #include "coordinator/local_cluster.h"
 #include "coordinator/membership.h"
 #include "coordinator/metrics.h"
+#include "coordinator/resolved_run.h"
 #include "coordinator/train_options.h"
 #include "proto/config.pb.h"
 #include "services/data.h"
@@ -36,8 +37,8 @@ class RunEngine {
 
  private:
   friend absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
-      const interlock::v1::RunConfig&, const DataShape&, const EngineOptions&,
-      int, CoordinatorMetrics*, std::ostream*);
+      const ResolvedRun&, const DataShape&, const EngineOptions&, int,
+      CoordinatorMetrics*, std::ostream*);
   RunEngine() = default;
 
   std::unique_ptr<LocalCluster> local_;
@@ -54,7 +55,7 @@ class RunEngine {
 // `metrics` (may be null) is told which workers are up; `log` hears about
 // restarted workers.
 absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
-    const interlock::v1::RunConfig& config, const DataShape& shape,
+    const ResolvedRun& run, const DataShape& shape,
     const EngineOptions& options, int window, CoordinatorMetrics* metrics,
     std::ostream* log);
 

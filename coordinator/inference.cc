@@ -70,9 +70,10 @@ absl::StatusOr<RunEvaluation> EvaluateRun(const EvalOptions& o,
   // The run's own evaluation: the in-process engine holding the
   // checkpoint's state, through every head.
   EngineOptions engine_options;
-  ASSIGN_OR_RETURN(auto engine,
-                   MakeEngine(m.config, m.data.shape, engine_options,
-                              /*window=*/0, nullptr, &log));
+  ASSIGN_OR_RETURN(ResolvedRun run, ResolveRun(m.config, engine_options, "",
+                                               /*measure=*/nullptr, log));
+  ASSIGN_OR_RETURN(auto engine, MakeEngine(run, m.data.shape, engine_options,
+                                           /*window=*/0, nullptr, &log));
   const int64_t step = m.checkpoint.manifest.step();
   RETURN_IF_ERROR(engine->engine().LoadState(step, m.checkpoint.blocks));
   RunEvaluation r;

@@ -30,7 +30,7 @@ struct RunEvaluation {
 };
 
 absl::StatusOr<RunEvaluation> EvaluateRun(const EvalOptions& options,
-                                       std::ostream& log);
+                                          std::ostream& log);
 
 struct PredictOptions {
   RunSource source;

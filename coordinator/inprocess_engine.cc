@@ -28,12 +28,7 @@ class InProcessEngine : public Engine {
   absl::Status Init(const interlock::v1::RunConfig& config,
                     const DataShape& shape,
                     const std::vector<c10::Device>& devices) {
-    ASSIGN_OR_RETURN(int k_blocks, NumBlocks(config.model()));
-    if (static_cast<int>(devices.size()) != k_blocks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("in-process engine: ", devices.size(), " devices for ",
-                       k_blocks, " blocks"));
-    }
+    const int k_blocks = static_cast<int>(devices.size());
     // One build for all blocks: the same values BlockTrainer::Create gives
     // each worker, without building the whole model K times.
     const TrainerOptions first = TrainerOptionsFromConfig(config, 0, k_blocks);
@@ -183,14 +178,11 @@ class InProcessEngine : public Engine {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeInProcessEngine(
-    const interlock::v1::RunConfig& config, const DataShape& shape,
-    Schedule schedule, const std::vector<c10::Device>& devices) {
-  const int threads = std::max(1, config.training().threads_per_block());
+    const ResolvedRun& run, const DataShape& shape, Schedule schedule) {
+  const int threads = std::max(1, run.config.training().threads_per_block());
   ConfigureThreads(threads);
-  ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));
-  auto engine =
-      std::make_unique<InProcessEngine>(schedule, threads, std::move(codec));
-  RETURN_IF_ERROR(engine->Init(config, shape, devices));
+  auto engine = std::make_unique<InProcessEngine>(schedule, threads, run.codec);
+  RETURN_IF_ERROR(engine->Init(run.config, shape, run.devices));
   return std::unique_ptr<Engine>(std::move(engine));
 }
 

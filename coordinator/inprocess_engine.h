@@ -9,15 +9,15 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/engine.h"
+#include "coordinator/resolved_run.h"
 #include "coordinator/train.h"
 #include "proto/config.pb.h"
 
 namespace interlock {
 
-// `devices`: one per block of the model.
+// Each block on `run.devices`' device.
 absl::StatusOr<std::unique_ptr<Engine>> MakeInProcessEngine(
-    const interlock::v1::RunConfig& config, const DataShape& shape,
-    Schedule schedule, const std::vector<c10::Device>& devices);
+    const ResolvedRun& run, const DataShape& shape, Schedule schedule);
 
 }  // namespace interlock
 

@@ -328,7 +328,8 @@ int RunPartition() {
         ">= 0 and the bandwidth > 0",
         2);
   }
-  return interlock::PartitionMain(c, std::cout, std::cerr);
+  return interlock::PartitionMain(c, interlock::UnitsByTraining(&std::cerr),
+                                  std::cout, std::cerr);
 }
 
 // The trained state a command reads: --run or --checkpoint, and the

@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "coordinator/train.h"
 #include "plan/status_macros.h"
 #include "services/config.h"
 #include "services/models.h"
@@ -20,13 +19,13 @@ namespace {
 using interlock::v1::RunConfig;
 using interlock::v1::TrainingSpec;
 
-// Runs `config` with one unit per block for kProfileSteps steps into `dir`
-// and reads the unit profile it wrote.
+// Measures `config`'s units with `measure`: kProfileSteps steps with one
+// unit per block into `dir`.
 absl::StatusOr<Profile> MeasureUnits(const RunConfig& config, int units,
                                      const std::string& dir,
+                                     const UnitMeasurer& measure,
                                      std::ostream& log) {
   RunConfig c = config;
-  ApplyDefaults(c);
   auto* m = c.mutable_model();
   m->clear_partition();
   m->clear_partition_profile();
@@ -47,17 +46,16 @@ absl::StatusOr<Profile> MeasureUnits(const RunConfig& config, int units,
       << c.name() << " with each of its " << units
       << " units a block of its own, in process on one thread, into " << dir
       << "\n";
-  TrainOptions o;
-  o.output.out_dir = dir;
-  o.output.quiet = true;
-  o.output.log = &log;
-  auto run = Train(c, o);
-  if (!run.ok()) {
-    return absl::Status(run.status().code(),
-                        absl::StrCat("partition: the profiling run failed: ",
-                                     run.status().message()));
+  if (!measure) {
+    return absl::InternalError("partition: nothing to measure unit costs with");
   }
-  return LoadProfile(dir);
+  auto profile = measure(c, dir);
+  if (!profile.ok()) {
+    return absl::Status(profile.status().code(),
+                        absl::StrCat("partition: the profiling run failed: ",
+                                     profile.status().message()));
+  }
+  return profile;
 }
 
 // A folder of its own for a profiling run nobody keeps.
@@ -74,11 +72,9 @@ std::string Millis(double seconds) {
 
 }  // namespace
 
-absl::StatusOr<PartitionChoice> ChoosePartition(const RunConfig& config,
-                                                int blocks,
-                                                const std::string& profile,
-                                                const std::string& dir,
-                                                std::ostream& log) {
+absl::StatusOr<PartitionChoice> ChoosePartition(
+    const RunConfig& config, int blocks, const std::string& profile,
+    const std::string& dir, const UnitMeasurer& measure, std::ostream& log) {
   ASSIGN_OR_RETURN(const int units, NumUnits(config.model()));
   // Refused before anything is measured.
   if (blocks < 1) {
@@ -106,7 +102,7 @@ absl::StatusOr<PartitionChoice> ChoosePartition(const RunConfig& config,
                                  "again)");
   } else {
     const std::string where = dir.empty() ? ScratchDir() : dir;
-    auto measured = MeasureUnits(config, units, where, log);
+    auto measured = MeasureUnits(config, units, where, measure, log);
     if (dir.empty()) std::filesystem::remove_all(where, ec);
     if (!measured.ok()) return measured.status();
     choice.units = *std::move(measured);
@@ -126,6 +122,7 @@ absl::StatusOr<PartitionChoice> ChoosePartition(const RunConfig& config,
 }
 
 absl::Status ResolveAutoPartition(RunConfig& config, const std::string& dir,
+                                  const UnitMeasurer& measure,
                                   std::ostream& log) {
   const auto& model = config.model();
   if (model.partition() != kAutoPartition) return absl::OkStatus();
@@ -134,9 +131,10 @@ absl::Status ResolveAutoPartition(RunConfig& config, const std::string& dir,
         "model.partition: 'auto' needs model.blocks, the number of blocks K "
         "to cut the model into");
   }
-  ASSIGN_OR_RETURN(PartitionChoice choice,
-                   ChoosePartition(config, model.blocks(),
-                                   model.partition_profile(), dir, log));
+  ASSIGN_OR_RETURN(
+      PartitionChoice choice,
+      ChoosePartition(config, model.blocks(), model.partition_profile(), dir,
+                      measure, log));
   std::vector<std::string> costs;
   for (double c : choice.block_costs) costs.push_back(Millis(c));
   log << "partition auto: \"" << PartitionString(choice.counts)
@@ -146,8 +144,8 @@ absl::Status ResolveAutoPartition(RunConfig& config, const std::string& dir,
   return absl::OkStatus();
 }
 
-int PartitionMain(const PartitionCommand& cmd, std::ostream& out,
-                  std::ostream& err) {
+int PartitionMain(const PartitionCommand& cmd, const UnitMeasurer& measure,
+                  std::ostream& out, std::ostream& err) {
   auto fail = [&err](absl::string_view message, int code) {
     err << "interlock: error: " << message << "\n";
     return code;
@@ -172,9 +170,9 @@ int PartitionMain(const PartitionCommand& cmd, std::ostream& out,
   if (auto st = ValidateRunConfig(check); !st.ok()) {
     return fail(st.message(), 1);
   }
-  auto choice =
-      ChoosePartition(config, cmd.blocks, cmd.profile,
-                      cmd.out_dir.empty() ? "" : cmd.out_dir + "/units", err);
+  auto choice = ChoosePartition(
+      config, cmd.blocks, cmd.profile,
+      cmd.out_dir.empty() ? "" : cmd.out_dir + "/units", measure, err);
   if (!choice.ok()) return fail(choice.status().message(), 1);
   const PartitionChoice& c = *choice;
   const int k = cmd.blocks;

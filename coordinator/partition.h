@@ -8,6 +8,7 @@
 #define INTERLOCK_COORDINATOR_PARTITION_H_
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -22,6 +23,12 @@ namespace interlock {
 // Steps of the profiling run.
 inline constexpr int64_t kProfileSteps = 8;
 
+// Trains `profiling` (a config of one unit per block, no 'auto' cut) into
+// `dir` and returns the unit profile it wrote: the service an 'auto' cut
+// calls (train.h's UnitsByTraining).
+using UnitMeasurer = std::function<absl::StatusOr<Profile>(
+    const interlock::v1::RunConfig& profiling, const std::string& dir)>;
+
 // A balanced cut and what it was chosen from.
 struct PartitionChoice {
   std::vector<int> counts;
@@ -33,18 +40,21 @@ struct PartitionChoice {
 
 // The balanced cut of `config`'s model into `blocks` blocks, from the unit
 // profile at `profile` (a folder or profile.json) when given, else from a
-// profiling run written to `dir` (empty: a temporary folder, removed
-// after). Errors name what is wrong: K, the profile, the model.
+// profiling run `measure` writes to `dir` (empty: a temporary folder,
+// removed after). Errors name what is wrong: K, the profile, the model.
 absl::StatusOr<PartitionChoice> ChoosePartition(
     const interlock::v1::RunConfig& config, int blocks,
-    const std::string& profile, const std::string& dir, std::ostream& log);
+    const std::string& profile, const std::string& dir,
+    const UnitMeasurer& measure, std::ostream& log);
 
 // When config.model.partition is "auto": replaces it with the balanced cut
 // into model.blocks blocks, from model.partition_profile or a profiling run
 // in `dir` (as ChoosePartition), and says so on `log`. Otherwise does
 // nothing.
 absl::Status ResolveAutoPartition(interlock::v1::RunConfig& config,
-                                  const std::string& dir, std::ostream& log);
+                                  const std::string& dir,
+                                  const UnitMeasurer& measure,
+                                  std::ostream& log);
 
 struct PartitionCommand {
   std::string config_path;
@@ -57,8 +67,8 @@ struct PartitionCommand {
 // `interlock partition`: the cut, the block costs and the step time the
 // simulator predicts per mode on `out`; errors on `err`. Returns the exit
 // code (2 for bad arguments, 1 for any other failure).
-int PartitionMain(const PartitionCommand& command, std::ostream& out,
-                  std::ostream& err);
+int PartitionMain(const PartitionCommand& command, const UnitMeasurer& measure,
+                  std::ostream& out, std::ostream& err);
 
 }  // namespace interlock
 

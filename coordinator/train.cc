@@ -44,18 +44,19 @@ bool SameFolder(const std::string& a, const std::string& b) {
 // and recovers at step boundaries.
 class Runner {
  public:
-  Runner(const RunConfig& config, const TrainOptions& options, Engine& engine,
+  Runner(const ResolvedRun& run, const TrainOptions& options, Engine& engine,
          const DataSplits& data, RunState& state, RunRecovery& recovery,
-         CoordinatorMetrics* metrics, WireCodec codec)
-      : c_(config),
+         CoordinatorMetrics* metrics)
+      : c_(run.config),
+        replicas_(run.replicas),
         o_(options),
         engine_(engine),
         data_(data),
         s_(state),
         recovery_(recovery),
         metrics_(metrics),
-        codec_(std::move(codec)),
-        k_(engine.num_blocks()) {}
+        codec_(run.codec),
+        k_(run.blocks) {}
 
   absl::StatusOr<TrainResult> Run() {
     const RunPlan& plan = s_.plan;
@@ -107,7 +108,7 @@ class Runner {
     s_.records.SetProgress(&progress);
     s_.timer.Start(resume.wall_seconds);
     if (metrics_) {
-      const std::vector<int> replicas = Replicas();
+      const std::vector<int> replicas = replicas_;
       for (int b = 0; b < k_; ++b) {
         metrics_->OnSkippedSteps(b, 0);
         metrics_->SetReplicas(b, replicas[b]);
@@ -276,7 +277,7 @@ class Runner {
     result.wall_seconds = s_.timer.Training();
     result.final_losses = s_.records.last_losses();
     result.skipped_steps = s_.ledger.SkippedPerBlock();
-    result.replicas = Replicas();
+    result.replicas = replicas_;
     if (engine_.elastic())
       result.topology = engine_.elastic()->TopologyHistory();
     if (!result.topology.empty())
@@ -436,7 +437,7 @@ class Runner {
       return {};
     }
     const std::vector<int> replicas =
-        workers.empty() ? Replicas() : ReplicaCounts(workers);
+        workers.empty() ? replicas_ : ReplicaCounts(workers);
     if (!Replicated(replicas)) return {};
     constexpr int64_t kMinMicrobatches = 4;
     const auto rates = s_.clock.ReplicaRates(kMinMicrobatches);
@@ -445,15 +446,8 @@ class Runner {
   }
 
   const RunConfig& c_;
-  // Worker replicas per block (ARCHITECTURE: replicas): the topology's counts.
-  std::vector<int> Replicas() const {
-    std::vector<int> r = o_.engine.workers.empty()
-                             ? o_.engine.replicas
-                             : ReplicaCounts(o_.engine.workers);
-    if (static_cast<int>(r.size()) != k_) r.assign(k_, 1);
-    return r;
-  }
-
+  // Worker replicas per block at the start (ARCHITECTURE: replicas).
+  const std::vector<int>& replicas_;
   const TrainOptions& o_;
   Engine& engine_;
   const DataSplits& data_;
@@ -461,7 +455,7 @@ class Runner {
   RunRecovery& recovery_;
   CoordinatorMetrics* metrics_;
   // The run's wire codec: the virtual clock counts the bytes it sends.
-  const WireCodec codec_;
+  const WireCodec& codec_;
   const int k_;
   int64_t total_ = 0;  // steps run (fewer when a budget stops the run)
   int in_flight_ = 0;
@@ -474,16 +468,13 @@ class Runner {
 
 }  // namespace
 
-absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
-                                  const TrainOptions& options) {
-  RunConfig config = config_in;
-  ApplyDefaults(config);
-  // The spec the workers are sent describes the model on its own (a
-  // scripted model's manifest), read once here.
-  RETURN_IF_ERROR(ResolveModelSpec(config.mutable_model()));
-  RETURN_IF_ERROR(ValidateRunConfig(config));
-  // Held until the run returns; a second run on the same folder is refused
-  // here, before it loads data or starts workers.
+namespace {
+
+// Locks the run's folders (`options.output.out_dir`, and a separate
+// checkpoint folder) until the run returns: a second run on the same folder
+// is refused before it loads data or starts workers.
+absl::StatusOr<std::vector<std::unique_ptr<FolderLock>>> LockFolders(
+    const TrainOptions& options) {
   const std::string& out = options.output.out_dir;
   const std::string& ckpt = options.checkpoints.dir;
   std::vector<std::unique_ptr<FolderLock>> locks;
@@ -495,10 +486,14 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
     ASSIGN_OR_RETURN(auto lock, FolderLock::Acquire(ckpt, "--checkpoint-dir"));
     locks.push_back(std::move(lock));
   }
-  // A balanced cut is measured inside the run's folder (OUT/units), which
-  // is locked by now.
-  RETURN_IF_ERROR(ResolveAutoPartition(
-      config, out.empty() ? "" : out + "/units", *options.output.log));
+  return locks;
+}
+
+// Trains a resolved run (folders locked).
+absl::StatusOr<TrainResult> TrainResolved(const ResolvedRun& run,
+                                          const TrainOptions& options) {
+  const RunConfig& config = run.config;
+  const std::string& out = options.output.out_dir;
   ASSIGN_OR_RETURN(DataSplits data,
                    LoadData(config.data(), TextContext(config.model())));
   std::unique_ptr<CoordinatorMetrics> metrics;
@@ -512,32 +507,52 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config_in,
                         << options.output.metrics_host << ":" << metrics->port()
                         << "/metrics\n";
   }
-  ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
-  ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));
-  ASSIGN_OR_RETURN(RunPlan plan, RunPlan::Make(config, data.train->size(), k,
-                                               options.window));
+  ASSIGN_OR_RETURN(RunPlan plan, RunPlan::Make(config, data.train->size(),
+                                               run.blocks, options.window));
+  ASSIGN_OR_RETURN(std::unique_ptr<RunEngine> engine,
+                   MakeEngine(run, data.shape, options.engine, options.window,
+                              metrics.get(), options.output.log));
   // The replicas the virtual clock replays: the cluster's, or in process
   // (which runs the single chain, bitwise what ORDERED replicas compute)
   // the ones --replicas asks the clock to model.
-  const EngineOptions& eo = options.engine;
-  std::vector<int> replicas =
-      eo.workers.empty() ? eo.replicas : ReplicaCounts(eo.workers);
-  if (eo.kind == EngineKind::kInProcess && !replicas.empty()) {
-    RETURN_IF_ERROR(CheckReplicas(replicas, k, config.training().microbatches(),
-                                  "--replicas"));
-  }
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<RunEngine> engine,
-      MakeEngine(config, data.shape, options.engine, options.window,
-                 metrics.get(), options.output.log));
-  RunState state(std::move(plan), options.link, std::move(replicas),
-                 metrics.get());
+  RunState state(std::move(plan), options.link, run.replicas, metrics.get());
   RunRecovery recovery(config, options.checkpoints, out, engine->seal_key(),
                        engine->engine(), state, metrics.get(),
                        options.output.log);
-  Runner runner(config, options, engine->engine(), data, state, recovery,
-                metrics.get(), std::move(codec));
+  Runner runner(run, options, engine->engine(), data, state, recovery,
+                metrics.get());
   return runner.Run();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainResult> Train(const RunConfig& config,
+                                  const TrainOptions& options) {
+  ASSIGN_OR_RETURN(auto locks, LockFolders(options));
+  // A balanced cut is measured inside the run's folder (OUT/units), which
+  // is locked by now.
+  const std::string& out = options.output.out_dir;
+  ASSIGN_OR_RETURN(
+      ResolvedRun run,
+      ResolveRun(config, options.engine, out.empty() ? "" : out + "/units",
+                 UnitsByTraining(options.output.log), *options.output.log));
+  return TrainResolved(run, options);
+}
+
+UnitMeasurer UnitsByTraining(std::ostream* log) {
+  return [log](const RunConfig& profiling,
+               const std::string& dir) -> absl::StatusOr<Profile> {
+    TrainOptions o;
+    o.output.out_dir = dir;
+    o.output.quiet = true;
+    o.output.log = log;
+    ASSIGN_OR_RETURN(auto locks, LockFolders(o));
+    // One unit per block is the cut itself: nothing to measure for it.
+    ASSIGN_OR_RETURN(ResolvedRun run, ResolveRun(profiling, o.engine, "",
+                                                 /*measure=*/nullptr, *log));
+    RETURN_IF_ERROR(TrainResolved(run, o).status());
+    return LoadProfile(dir);
+  };
 }
 
 }  // namespace interlock

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/folder_lock.h"
+#include "coordinator/partition.h"
 #include "coordinator/run_result.h"
 #include "coordinator/train_options.h"
 #include "proto/config.pb.h"
@@ -21,8 +22,15 @@ namespace interlock {
 
 // Loads the data, builds the engine and trains. Locks
 // `options.out_dir` (and a separate checkpoint folder) for the whole run.
+// The config is resolved once (resolved_run.h) and everything after takes
+// it as given.
 absl::StatusOr<TrainResult> Train(const interlock::v1::RunConfig& config,
                                   const TrainOptions& options);
+
+// Measures a model's units for an 'auto' cut: trains the profiling config
+// (resolved on its own, one unit per block) in process into the folder and
+// reads back its unit profile; tells `log` what it does.
+UnitMeasurer UnitsByTraining(std::ostream* log);
 
 }  // namespace interlock
 
