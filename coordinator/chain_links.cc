@@ -10,6 +10,7 @@
 #include "plan/status_macros.h"
 #include "rpc/status.h"
 #include "services/failure.h"
+#include "services/logging.h"
 #include "services/models.h"
 #include "services/sha256.h"
 #include "services/wire.h"
@@ -134,6 +135,11 @@ absl::Status ChainLinks::Connect(absl::Duration timeout, bool parallel,
                      ->Configure(req, absl::Now() + options_.rpc_deadline,
                                  /*wait_for_ready=*/generation_ == 1)
                      .status();
+    VLOG(1) << peers_[k][r]->label()
+            << (results[i].ok() ? " configured" : " refused configure")
+            << " for generation " << generation_
+            << (req.has_restore_step() ? " from its own snapshot" : "")
+            << (results[i].ok() ? "" : ": ") << results[i].message();
   };
   if (parallel) {
     std::vector<std::thread> threads;

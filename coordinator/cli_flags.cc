@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "plan/topology.h"
 #include "services/device.h"
+#include "services/logging.h"
 
 ABSL_FLAG(std::string, config, "", "RunConfig file (protobuf text format)");
 ABSL_FLAG(std::string, mode, "", "e2e or interlock (overrides the config)");
@@ -183,6 +184,10 @@ ABSL_FLAG(std::string, profile_ops, "",
           "operation of ten steady steps (after calibration) to this file "
           "(Markdown)");
 
+ABSL_FLAG(int, verbosity, 0,
+          "log detail: 0 what an operator needs (INFO and above), 1 every "
+          "worker configured and stream opened or ended");
+
 namespace interlock {
 namespace cli {
 namespace {
@@ -205,7 +210,7 @@ const char kUsage[] =
     "[--link-latency T] [--link-bandwidth B] [--token-file F] "
     "[--tls-cert F --tls-key F] [--tls-ca F] [--checkpoint-every N] "
     "[--checkpoint-dir DIR] [--keep-checkpoints N] [--resume DIR] "
-    "[--recover-timeout 120s] [--profile-ops FILE]\n"
+    "[--recover-timeout 120s] [--profile-ops FILE] [--verbosity 0|1]\n"
     "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
     "[--wire fp32,bf16,int8,...] [--budget-virtual T | --budget T | --steps N] "
     "--out DIR "
@@ -288,6 +293,9 @@ CommandLine ParseFlags(int argc, char** argv) {
   std::vector<char*> args =
       absl::ParseCommandLine(static_cast<int>(argv2.size()), argv2.data());
   parsed.args.assign(args.begin(), args.end());
+  const std::string program = storage.empty() ? "interlock" : storage[0];
+  InitLogging(program.substr(program.rfind('/') + 1).c_str(),
+              absl::GetFlag(FLAGS_verbosity));
   return parsed;
 }
 

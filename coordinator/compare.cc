@@ -115,7 +115,7 @@ std::vector<int64_t> PredictSteps(const RunConfig& config,
   t.output.metrics_port = -1;
   RunConfig c = ConfigFor(config, runs[0], o, 0);
   c.mutable_training()->set_steps(std::min(kCalibrationSteps, total));
-  *o.train.output.log
+  *o.train.output.console
       << "calibrating: " << c.training().steps() << " steps of "
       << runs[0].mode.Label()
       << " to predict every mode's steps for the evaluation cadence\n";
@@ -234,7 +234,7 @@ absl::StatusOr<std::vector<int64_t>> ParseSeeds(absl::string_view list) {
 }
 
 int CompareMain(const CompareOptions& o) {
-  std::ostream& log = *o.train.output.log;
+  std::ostream& log = *o.train.output.console;
   auto fail = [&log](absl::string_view message, int code) {
     log << "interlock: error: " << message << "\n";
     return code;
@@ -301,8 +301,8 @@ int CompareMain(const CompareOptions& o) {
   if (!lock.ok()) return fail(lock.status().message(), 1);
   // A balanced cut is chosen once, so that every mode trains the same blocks.
   const bool auto_partition = config.model().partition() == kAutoPartition;
-  if (auto st = ResolveAutoPartition(config, o.out_dir + "/units",
-                                     UnitsByTraining(&log), log);
+  if (auto st =
+          ResolveAutoPartition(config, o.out_dir + "/units", UnitsByTraining());
       !st.ok()) {
     return fail(st.message(), 1);
   }

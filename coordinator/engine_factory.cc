@@ -11,6 +11,7 @@
 #include "plan/topology.h"
 #include "services/config.h"
 #include "services/device.h"
+#include "services/logging.h"
 #include "services/models.h"
 
 namespace interlock {
@@ -27,8 +28,7 @@ RunEngine::~RunEngine() {
 
 absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
     const ResolvedRun& resolved, const DataShape& shape,
-    const EngineOptions& options, int window, CoordinatorMetrics* metrics,
-    std::ostream* log) {
+    const EngineOptions& options, int window, CoordinatorMetrics* metrics) {
   std::unique_ptr<RunEngine> run(new RunEngine());
   const v1::RunConfig& config = resolved.config;
   const int k = resolved.blocks;
@@ -81,6 +81,8 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
     }
     std::vector<std::string> extra = SecurityFlags(options.security);
     if (Replicated(replicas)) extra.push_back("--collective_host=127.0.0.1");
+    // The workers log in as much detail as this process.
+    if (FLAGS_v > 0) extra.push_back(absl::StrCat("--verbosity=", FLAGS_v));
     // Without the user's token or TLS the workers still require a token:
     // one generated for this cluster, which other local users cannot read.
     const bool generate_token = options.security.empty();
@@ -94,11 +96,11 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
     if (generate_token) {
       co.security.token = run->local_->token();
       if (options.coordinator_port >= 0) {
-        *log << "interlock: the local cluster's workers require the token in "
-             << run->local_->token_file()
-             << "; a worker joining through the membership service passes "
-                "--token_file "
-             << run->local_->token_file() << "\n";
+        LOG(INFO) << "the local cluster's workers require the token in "
+                  << run->local_->token_file()
+                  << "; a worker joining through the membership service passes "
+                     "--token_file "
+                  << run->local_->token_file();
       }
     }
     run->on_cluster_ = options.on_cluster;
@@ -111,12 +113,12 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
       next += replicas[b];
     }
     // Like a restartPolicy: a dead worker is started again on its port.
-    co.revive = [l = run->local_.get(), log] {
+    co.revive = [l = run->local_.get()] {
       auto n = l->ReviveDead();
       if (!n.ok()) {
-        *log << "interlock: restarting workers: " << n.status() << "\n";
+        LOG(WARNING) << "restarting workers: " << n.status();
       } else if (*n > 0) {
-        *log << "interlock: restarted " << *n << " worker(s)\n";
+        LOG(INFO) << "restarted " << *n << " worker(s)";
       }
     };
   }
@@ -133,9 +135,9 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
                      CoordinatorServer::Start(
                          options.coordinator_host, options.coordinator_port,
                          server_security, run->membership_.get()));
-    *log << "interlock: membership service on " << options.coordinator_host
-         << ":" << run->coordinator_->port()
-         << (options.insecure ? " (--insecure)" : "") << "\n";
+    LOG(INFO) << "membership service on " << options.coordinator_host << ":"
+              << run->coordinator_->port()
+              << (options.insecure ? " (--insecure)" : "");
     if (!options.coordinator_port_file.empty()) {
       const std::string tmp = options.coordinator_port_file + ".tmp";
       {
@@ -151,10 +153,10 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
       metrics->OnTopology(e);
     };
   }
-  co.on_join_dropped = [log](const MemberChange& c, const absl::Status& why) {
-    *log << "interlock: " << c.address << " registered for block " << c.block
-         << " but is gone at the step boundary; not joined (" << why.message()
-         << ")\n";
+  co.on_join_dropped = [](const MemberChange& c, const absl::Status& why) {
+    LOG(WARNING) << c.address << " registered for block " << c.block
+                 << " but is gone at the step boundary; not joined ("
+                 << why.message() << ")";
   };
   ASSIGN_OR_RETURN(run->engine_, MakeClusterEngine(resolved, shape, co));
   return run;

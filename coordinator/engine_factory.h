@@ -38,7 +38,7 @@ class RunEngine {
  private:
   friend absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
       const ResolvedRun&, const DataShape&, const EngineOptions&, int,
-      CoordinatorMetrics*, std::ostream*);
+      CoordinatorMetrics*);
   RunEngine() = default;
 
   std::unique_ptr<LocalCluster> local_;
@@ -56,8 +56,7 @@ class RunEngine {
 // restarted workers.
 absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
     const ResolvedRun& run, const DataShape& shape,
-    const EngineOptions& options, int window, CoordinatorMetrics* metrics,
-    std::ostream* log);
+    const EngineOptions& options, int window, CoordinatorMetrics* metrics);
 
 }  // namespace interlock
 

@@ -63,17 +63,16 @@ torch::Tensor ExitLogits(const TrainedModel& m, int exit_block,
 
 }  // namespace
 
-absl::StatusOr<RunEvaluation> EvaluateRun(const EvalOptions& o,
-                                          std::ostream& log) {
+absl::StatusOr<RunEvaluation> EvaluateRun(const EvalOptions& o) {
   ASSIGN_OR_RETURN(TrainedModel m, LoadTrainedModel(o.source));
   RETURN_IF_ERROR(UseData(o.data_config, m));
   // The run's own evaluation: the in-process engine holding the
   // checkpoint's state, through every head.
   EngineOptions engine_options;
   ASSIGN_OR_RETURN(ResolvedRun run, ResolveRun(m.config, engine_options, "",
-                                               /*measure=*/nullptr, log));
+                                               /*measure=*/nullptr));
   ASSIGN_OR_RETURN(auto engine, MakeEngine(run, m.data.shape, engine_options,
-                                           /*window=*/0, nullptr, &log));
+                                           /*window=*/0, nullptr));
   const int64_t step = m.checkpoint.manifest.step();
   RETURN_IF_ERROR(engine->engine().LoadState(step, m.checkpoint.blocks));
   RunEvaluation r;

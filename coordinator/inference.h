@@ -29,8 +29,7 @@ struct RunEvaluation {
   std::vector<HeadResult> heads;  // aux heads first, the final one last
 };
 
-absl::StatusOr<RunEvaluation> EvaluateRun(const EvalOptions& options,
-                                          std::ostream& log);
+absl::StatusOr<RunEvaluation> EvaluateRun(const EvalOptions& options);
 
 struct PredictOptions {
   RunSource source;

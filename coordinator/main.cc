@@ -328,8 +328,8 @@ int RunPartition() {
         ">= 0 and the bandwidth > 0",
         2);
   }
-  return interlock::PartitionMain(c, interlock::UnitsByTraining(&std::cerr),
-                                  std::cout, std::cerr);
+  return interlock::PartitionMain(c, interlock::UnitsByTraining(), std::cout,
+                                  std::cerr);
 }
 
 // The trained state a command reads: --run or --checkpoint, and the
@@ -378,8 +378,7 @@ int RunEval() {
   int code = 0;
   if (!SourceFromFlags("eval", &o.source, &code)) return code;
   o.data_config = absl::GetFlag(FLAGS_config);
-  std::ostringstream log;
-  auto r = interlock::EvaluateRun(o, log);
+  auto r = interlock::EvaluateRun(o);
   if (!r.ok()) return Fail(std::string(r.status().message()), 1);
   std::cout << absl::StrFormat("Test metrics of step %d (%d samples):\n",
                                r->step, r->samples);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "plan/status_macros.h"
 #include "services/config.h"
+#include "services/logging.h"
 #include "services/models.h"
 
 namespace interlock {
@@ -23,8 +24,7 @@ using interlock::v1::TrainingSpec;
 // unit per block into `dir`.
 absl::StatusOr<Profile> MeasureUnits(const RunConfig& config, int units,
                                      const std::string& dir,
-                                     const UnitMeasurer& measure,
-                                     std::ostream& log) {
+                                     const UnitMeasurer& measure) {
   RunConfig c = config;
   auto* m = c.mutable_model();
   m->clear_partition();
@@ -42,10 +42,10 @@ absl::StatusOr<Profile> MeasureUnits(const RunConfig& config, int units,
   t->set_steps(kProfileSteps);
   t->set_epochs(0);
   t->set_eval_every_steps(0);
-  log << "partition: measuring unit costs: " << kProfileSteps << " steps of "
-      << c.name() << " with each of its " << units
-      << " units a block of its own, in process on one thread, into " << dir
-      << "\n";
+  LOG(INFO) << "partition: measuring unit costs: " << kProfileSteps
+            << " steps of " << c.name() << " with each of its " << units
+            << " units a block of its own, in process on one thread, into "
+            << dir;
   if (!measure) {
     return absl::InternalError("partition: nothing to measure unit costs with");
   }
@@ -72,9 +72,11 @@ std::string Millis(double seconds) {
 
 }  // namespace
 
-absl::StatusOr<PartitionChoice> ChoosePartition(
-    const RunConfig& config, int blocks, const std::string& profile,
-    const std::string& dir, const UnitMeasurer& measure, std::ostream& log) {
+absl::StatusOr<PartitionChoice> ChoosePartition(const RunConfig& config,
+                                                int blocks,
+                                                const std::string& profile,
+                                                const std::string& dir,
+                                                const UnitMeasurer& measure) {
   ASSIGN_OR_RETURN(const int units, NumUnits(config.model()));
   // Refused before anything is measured.
   if (blocks < 1) {
@@ -102,7 +104,7 @@ absl::StatusOr<PartitionChoice> ChoosePartition(
                                  "again)");
   } else {
     const std::string where = dir.empty() ? ScratchDir() : dir;
-    auto measured = MeasureUnits(config, units, where, measure, log);
+    auto measured = MeasureUnits(config, units, where, measure);
     if (dir.empty()) std::filesystem::remove_all(where, ec);
     if (!measured.ok()) return measured.status();
     choice.units = *std::move(measured);
@@ -122,8 +124,7 @@ absl::StatusOr<PartitionChoice> ChoosePartition(
 }
 
 absl::Status ResolveAutoPartition(RunConfig& config, const std::string& dir,
-                                  const UnitMeasurer& measure,
-                                  std::ostream& log) {
+                                  const UnitMeasurer& measure) {
   const auto& model = config.model();
   if (model.partition() != kAutoPartition) return absl::OkStatus();
   if (model.blocks() < 1) {
@@ -131,15 +132,14 @@ absl::Status ResolveAutoPartition(RunConfig& config, const std::string& dir,
         "model.partition: 'auto' needs model.blocks, the number of blocks K "
         "to cut the model into");
   }
-  ASSIGN_OR_RETURN(
-      PartitionChoice choice,
-      ChoosePartition(config, model.blocks(), model.partition_profile(), dir,
-                      measure, log));
+  ASSIGN_OR_RETURN(PartitionChoice choice,
+                   ChoosePartition(config, model.blocks(),
+                                   model.partition_profile(), dir, measure));
   std::vector<std::string> costs;
   for (double c : choice.block_costs) costs.push_back(Millis(c));
-  log << "partition auto: \"" << PartitionString(choice.counts)
-      << "\" (blocks cost " << absl::StrJoin(costs, " / ")
-      << " ms per micro-batch; unit costs from " << choice.source << ")\n";
+  LOG(INFO) << "partition auto: \"" << PartitionString(choice.counts)
+            << "\" (blocks cost " << absl::StrJoin(costs, " / ")
+            << " ms per micro-batch; unit costs from " << choice.source << ")";
   config.mutable_model()->set_partition(PartitionString(choice.counts));
   return absl::OkStatus();
 }
@@ -172,7 +172,7 @@ int PartitionMain(const PartitionCommand& cmd, const UnitMeasurer& measure,
   }
   auto choice = ChoosePartition(
       config, cmd.blocks, cmd.profile,
-      cmd.out_dir.empty() ? "" : cmd.out_dir + "/units", measure, err);
+      cmd.out_dir.empty() ? "" : cmd.out_dir + "/units", measure);
   if (!choice.ok()) return fail(choice.status().message(), 1);
   const PartitionChoice& c = *choice;
   const int k = cmd.blocks;

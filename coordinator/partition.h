@@ -45,16 +45,15 @@ struct PartitionChoice {
 absl::StatusOr<PartitionChoice> ChoosePartition(
     const interlock::v1::RunConfig& config, int blocks,
     const std::string& profile, const std::string& dir,
-    const UnitMeasurer& measure, std::ostream& log);
+    const UnitMeasurer& measure);
 
 // When config.model.partition is "auto": replaces it with the balanced cut
 // into model.blocks blocks, from model.partition_profile or a profiling run
-// in `dir` (as ChoosePartition), and says so on `log`. Otherwise does
+// in `dir` (as ChoosePartition), and logs it. Otherwise does
 // nothing.
 absl::Status ResolveAutoPartition(interlock::v1::RunConfig& config,
                                   const std::string& dir,
-                                  const UnitMeasurer& measure,
-                                  std::ostream& log);
+                                  const UnitMeasurer& measure);
 
 struct PartitionCommand {
   std::string config_path;

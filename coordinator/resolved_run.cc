@@ -13,15 +13,14 @@ namespace interlock {
 absl::StatusOr<ResolvedRun> ResolveRun(const v1::RunConfig& config_in,
                                        const EngineOptions& engine,
                                        const std::string& units_dir,
-                                       const UnitMeasurer& measure,
-                                       std::ostream& log) {
+                                       const UnitMeasurer& measure) {
   v1::RunConfig config = config_in;
   ApplyDefaults(config);
   // The spec the workers are sent describes the model on its own (a
   // scripted model's manifest), read once here.
   RETURN_IF_ERROR(ResolveModelSpec(config.mutable_model()));
   RETURN_IF_ERROR(ValidateRunConfig(config));
-  RETURN_IF_ERROR(ResolveAutoPartition(config, units_dir, measure, log));
+  RETURN_IF_ERROR(ResolveAutoPartition(config, units_dir, measure));
   ASSIGN_OR_RETURN(const int k, NumBlocks(config.model()));
   ASSIGN_OR_RETURN(WireCodec codec, WireCodec::ForRun(config));
   ResolvedRun run{std::move(config), k, std::move(codec), {}, {}};

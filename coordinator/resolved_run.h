@@ -7,7 +7,6 @@
 #ifndef INTERLOCK_COORDINATOR_RESOLVED_RUN_H_
 #define INTERLOCK_COORDINATOR_RESOLVED_RUN_H_
 
-#include <ostream>
 #include <string>
 #include <vector>
 
@@ -37,8 +36,7 @@ struct ResolvedRun {
 absl::StatusOr<ResolvedRun> ResolveRun(const interlock::v1::RunConfig& config,
                                        const EngineOptions& engine,
                                        const std::string& units_dir,
-                                       const UnitMeasurer& measure,
-                                       std::ostream& log);
+                                       const UnitMeasurer& measure);
 
 }  // namespace interlock
 

@@ -15,16 +15,15 @@ namespace interlock {
 namespace fs = std::filesystem;
 
 absl::StatusOr<std::unique_ptr<RunCheckpoints>> RunCheckpoints::Open(
-    const std::string& dir, int keep, std::ostream* log,
-    const std::string& seal_key) {
+    const std::string& dir, int keep, const std::string& seal_key) {
   std::vector<std::string> removed;
   ASSIGN_OR_RETURN(CheckpointStore store,
                    CheckpointStore::Open(dir, keep, &removed, seal_key));
   for (const auto& r : removed) {
-    *log << "interlock: removed the unfinished checkpoint " << r << "\n";
+    LOG(WARNING) << "removed the unfinished checkpoint " << r;
   }
   return std::unique_ptr<RunCheckpoints>(
-      new RunCheckpoints(std::move(store), log, seal_key));
+      new RunCheckpoints(std::move(store), seal_key));
 }
 
 absl::StatusOr<std::optional<Checkpoint>> RunCheckpoints::FindResume(
@@ -73,7 +72,7 @@ absl::StatusOr<std::optional<Checkpoint>> RunCheckpoints::FindResume(
     found = store_.Latest(&refused);
   }
   for (const auto& r : refused) {
-    *log_ << "interlock: refused damaged checkpoint: " << r << "\n";
+    LOG(WARNING) << "refused damaged checkpoint: " << r;
   }
   if (!found && !refused.empty()) {
     return absl::DataLossError(absl::StrCat("no complete checkpoint in ", where,

@@ -20,11 +20,10 @@ namespace interlock {
 class RunCheckpoints {
  public:
   // Opens `dir` (created if needed; unfinished temporaries removed and
-  // reported on `log`). With a `seal_key` (the run's token) checkpoints are
+  // logged). With a `seal_key` (the run's token) checkpoints are
   // signed, and unsigned or wrongly signed ones are refused.
   static absl::StatusOr<std::unique_ptr<RunCheckpoints>> Open(
-      const std::string& dir, int keep, std::ostream* log,
-      const std::string& seal_key = "");
+      const std::string& dir, int keep, const std::string& seal_key = "");
 
   // The checkpoint to resume from: `resume` if given (a checkpoint folder,
   // or a folder of them: the newest that verifies), else the newest in this
@@ -43,10 +42,9 @@ class RunCheckpoints {
   const std::string& dir() const { return store_.root(); }
 
  private:
-  RunCheckpoints(CheckpointStore store, std::ostream* log, std::string seal_key)
-      : store_(std::move(store)), log_(log), seal_key_(std::move(seal_key)) {}
+  RunCheckpoints(CheckpointStore store, std::string seal_key)
+      : store_(std::move(store)), seal_key_(std::move(seal_key)) {}
   CheckpointStore store_;
-  std::ostream* log_;
   std::string seal_key_;
 };
 

@@ -20,8 +20,7 @@ constexpr int kMaxWithoutProgress = 10;
 }  // namespace
 
 absl::Status RunRecovery::Open(const std::string& dir) {
-  ASSIGN_OR_RETURN(checkpoints_,
-                   RunCheckpoints::Open(dir, o_.keep, log_, seal_key_));
+  ASSIGN_OR_RETURN(checkpoints_, RunCheckpoints::Open(dir, o_.keep, seal_key_));
   return absl::OkStatus();
 }
 
@@ -91,8 +90,8 @@ absl::StatusOr<ResumePoint> RunRecovery::Resume() {
     h.perplexity = e.perplexity();
     evals.back().heads.push_back(h);
   }
-  *log_ << "interlock: resuming from " << c->dir << " (step " << point.step
-        << " of " << plan.steps() << ")\n";
+  LOG(INFO) << "resuming from " << c->dir << " (step " << point.step << " of "
+            << plan.steps() << ")";
   return point;
 }
 
@@ -174,18 +173,18 @@ absl::StatusOr<int64_t> RunRecovery::Recover(const absl::Status& failure) {
   }
   if (failover.ok()) {
     ++state_.ledger.accounting().failovers;
-    *log_ << "\ninterlock: " << failure.message()
-          << "; the surviving replicas continue from step " << *failover
-          << " (no checkpoint restore)\n";
+    LOG(INFO) << failure.message()
+              << "; the surviving replicas continue from step " << *failover
+              << " (no checkpoint restore)";
     return *failover;
   }
   if (!absl::IsUnimplemented(failover.status())) {
-    *log_ << "\ninterlock: no fail-over to replicas ("
-          << failover.status().message() << ")\n";
+    LOG(WARNING) << "no fail-over to replicas (" << failover.status().message()
+                 << ")";
   }
-  *log_ << "\ninterlock: " << failure.message()
-        << "; recovering (waiting up to "
-        << absl::FormatDuration(o_.recover_timeout) << " for every worker)\n";
+  LOG(WARNING) << failure.message() << "; recovering (waiting up to "
+               << absl::FormatDuration(o_.recover_timeout)
+               << " for every worker)";
   const absl::Time deadline = absl::Now() + o_.recover_timeout;
   int64_t from = 0;
   for (;;) {
@@ -212,12 +211,12 @@ absl::StatusOr<int64_t> RunRecovery::Recover(const absl::Status& failure) {
                        absl::FormatDuration(o_.recover_timeout), ": ",
                        s.message(), " (after: ", failure.message(), ")"));
     }
-    *log_ << "interlock: recovery interrupted (" << s.message()
-          << "); trying again\n";
+    LOG(WARNING) << "recovery interrupted (" << s.message()
+                 << "); trying again";
   }
   ++state_.ledger.accounting().recoveries;
   if (metrics_) metrics_->OnRecovery();
-  *log_ << "interlock: recovered; replaying from step " << from << "\n";
+  LOG(INFO) << "recovered; replaying from step " << from;
   return from;
 }
 

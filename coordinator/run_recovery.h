@@ -36,15 +36,14 @@ class RunRecovery {
   RunRecovery(const interlock::v1::RunConfig& config,
               const CheckpointOptions& options, const std::string& out_dir,
               std::string seal_key, Engine& engine, RunState& state,
-              CoordinatorMetrics* metrics, std::ostream* log)
+              CoordinatorMetrics* metrics)
       : c_(config),
         o_(options),
         out_dir_(out_dir),
         seal_key_(std::move(seal_key)),
         engine_(engine),
         state_(state),
-        metrics_(metrics),
-        log_(log) {}
+        metrics_(metrics) {}
 
   // Opens the checkpoint folder (if the run has one) and, when there is a
   // checkpoint to resume from, restores the engine, the ledger, the clock's
@@ -82,7 +81,6 @@ class RunRecovery {
   Engine& engine_;
   RunState& state_;
   CoordinatorMetrics* metrics_;
-  std::ostream* log_;
   // Null without a checkpoint folder.
   std::unique_ptr<RunCheckpoints> checkpoints_;
   std::string dir_;

@@ -17,6 +17,7 @@
 #include "plan/topology.h"
 #include "services/calibration.h"
 #include "services/config.h"
+#include "services/logging.h"
 #include "services/op_profile.h"
 #include "services/wire_codec.h"
 
@@ -98,7 +99,8 @@ class Runner {
     s_.ledger.accounting().microbatches_replayed +=
         dropped * plan.microbatches();
     Progress progress(
-        o_.output.log, o_.output.progress_bar, o_.output.quiet, plan.steps(),
+        o_.output.console, o_.output.progress_bar, o_.output.quiet,
+        plan.steps(),
         absl::StrCat(
             o_.output.progress_label.empty() ? ""
                                              : o_.output.progress_label + " ",
@@ -234,26 +236,24 @@ class Runner {
         RETURN_IF_ERROR(elastic->ApplyMembership(s + 1));
         const auto history = elastic->TopologyHistory();
         const bool changed = history.size() > changes;
-        *o_.output.log << "interlock: "
-                       << (changed ? "topology changed"
-                                   : "no membership change applied")
-                       << " before step " << s + 1 << " (drain "
-                       << absl::FormatDuration(drained - t0) << ", change "
-                       << absl::FormatDuration(absl::Now() - drained);
+        std::string detail;
         if (changed) {
           // Where a change's time goes: state from live replicas for the
           // joiners, configuring every worker, loading the joiners.
           const TopologyEvent& e = history.back();
-          *o_.output.log << ": state "
-                         << absl::FormatDuration(absl::Seconds(e.save_seconds))
-                         << ", configure "
-                         << absl::FormatDuration(
-                                absl::Seconds(e.configure_seconds))
-                         << ", load "
-                         << absl::FormatDuration(absl::Seconds(e.load_seconds))
-                         << ", " << e.state_bytes << " bytes sent";
+          detail = absl::StrCat(
+              ": state ", absl::FormatDuration(absl::Seconds(e.save_seconds)),
+              ", configure ",
+              absl::FormatDuration(absl::Seconds(e.configure_seconds)),
+              ", load ", absl::FormatDuration(absl::Seconds(e.load_seconds)),
+              ", ", e.state_bytes, " bytes sent");
         }
-        *o_.output.log << ")\n";
+        LOG(INFO) << (changed ? "topology changed"
+                              : "no membership change applied")
+                  << " before step " << s + 1 << " (drain "
+                  << absl::FormatDuration(drained - t0) << ", change "
+                  << absl::FormatDuration(absl::Now() - drained) << detail
+                  << ")";
       }
     }
     // No more submissions: the replay may now run past the last step.
@@ -503,22 +503,20 @@ absl::StatusOr<TrainResult> TrainResolved(const ResolvedRun& run,
                                                options.output.metrics_port,
                                                ModeName(config)));
     // The port is news with --metrics-port 0 (any free port).
-    *options.output.log << "interlock: coordinator metrics on "
-                        << options.output.metrics_host << ":" << metrics->port()
-                        << "/metrics\n";
+    LOG(INFO) << "coordinator metrics on " << options.output.metrics_host << ":"
+              << metrics->port() << "/metrics";
   }
   ASSIGN_OR_RETURN(RunPlan plan, RunPlan::Make(config, data.train->size(),
                                                run.blocks, options.window));
   ASSIGN_OR_RETURN(std::unique_ptr<RunEngine> engine,
                    MakeEngine(run, data.shape, options.engine, options.window,
-                              metrics.get(), options.output.log));
+                              metrics.get()));
   // The replicas the virtual clock replays: the cluster's, or in process
   // (which runs the single chain, bitwise what ORDERED replicas compute)
   // the ones --replicas asks the clock to model.
   RunState state(std::move(plan), options.link, run.replicas, metrics.get());
   RunRecovery recovery(config, options.checkpoints, out, engine->seal_key(),
-                       engine->engine(), state, metrics.get(),
-                       options.output.log);
+                       engine->engine(), state, metrics.get());
   Runner runner(run, options, engine->engine(), data, state, recovery,
                 metrics.get());
   return runner.Run();
@@ -535,21 +533,20 @@ absl::StatusOr<TrainResult> Train(const RunConfig& config,
   ASSIGN_OR_RETURN(
       ResolvedRun run,
       ResolveRun(config, options.engine, out.empty() ? "" : out + "/units",
-                 UnitsByTraining(options.output.log), *options.output.log));
+                 UnitsByTraining()));
   return TrainResolved(run, options);
 }
 
-UnitMeasurer UnitsByTraining(std::ostream* log) {
-  return [log](const RunConfig& profiling,
-               const std::string& dir) -> absl::StatusOr<Profile> {
+UnitMeasurer UnitsByTraining() {
+  return [](const RunConfig& profiling,
+            const std::string& dir) -> absl::StatusOr<Profile> {
     TrainOptions o;
     o.output.out_dir = dir;
     o.output.quiet = true;
-    o.output.log = log;
     ASSIGN_OR_RETURN(auto locks, LockFolders(o));
     // One unit per block is the cut itself: nothing to measure for it.
-    ASSIGN_OR_RETURN(ResolvedRun run, ResolveRun(profiling, o.engine, "",
-                                                 /*measure=*/nullptr, *log));
+    ASSIGN_OR_RETURN(ResolvedRun run,
+                     ResolveRun(profiling, o.engine, "", /*measure=*/nullptr));
     RETURN_IF_ERROR(TrainResolved(run, o).status());
     return LoadProfile(dir);
   };

@@ -29,8 +29,8 @@ absl::StatusOr<TrainResult> Train(const interlock::v1::RunConfig& config,
 
 // Measures a model's units for an 'auto' cut: trains the profiling config
 // (resolved on its own, one unit per block) in process into the folder and
-// reads back its unit profile; tells `log` what it does.
-UnitMeasurer UnitsByTraining(std::ostream* log);
+// reads back its unit profile.
+UnitMeasurer UnitsByTraining();
 
 }  // namespace interlock
 

@@ -34,7 +34,9 @@ struct OutputOptions {
   bool quiet = false;
   // Every parameter's values into TrainResult::params_json.
   bool dump_params = false;
-  std::ostream* log = &std::cerr;
+  // Progress lines and a command's own report lines (compare's). What an
+  // operator needs to know goes to the log (services/logging.h).
+  std::ostream* console = &std::cerr;
   // Shown before the run's name in progress output (e.g. "[2/4]").
   std::string progress_label;
   // Coordinator /metrics: -1 off, 0 any free port; on metrics_host

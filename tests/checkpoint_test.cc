@@ -588,14 +588,11 @@ v1::RunConfig LoadConfig(const std::string& rel, int64_t steps) {
 }
 
 absl::StatusOr<TrainResult> TrainInto(const v1::RunConfig& c,
-                                      const std::string& out,
-                                      std::ostream* log = nullptr) {
+                                      const std::string& out) {
   TrainOptions o;
   o.output.quiet = true;
   o.output.out_dir = out;
   o.checkpoints.every = out.empty() ? 0 : 5;
-  static std::ostringstream sink;
-  o.output.log = log ? log : &sink;
   return Train(c, o);
 }
 
@@ -662,8 +659,8 @@ TEST(Resume, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   std::string bytes = ReadFile(file);
   bytes[bytes.size() / 3] ^= 0x40;
   WriteFile(file, bytes);
-  std::ostringstream log;
-  auto resumed = TrainInto(c, out, &log);
+  interlock::testing::LogCapture log;
+  auto resumed = TrainInto(c, out);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->accounting.resumed_from_step, 10);
   EXPECT_EQ(resumed->digest, plain->digest);

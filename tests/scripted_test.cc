@@ -82,8 +82,6 @@ RunConfig Config(const std::string& dir, const std::string& training) {
 
 absl::StatusOr<TrainResult> TrainIt(const RunConfig& c) {
   TrainOptions o;
-  std::ostringstream log;
-  o.output.log = &log;
   o.output.quiet = true;
   return Train(c, o);
 }

@@ -2,6 +2,7 @@
 #ifndef INTERLOCK_TESTS_TEST_UTIL_H_
 #define INTERLOCK_TESTS_TEST_UTIL_H_
 
+#include <glog/logging.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -46,6 +48,27 @@ class TempDir {
 };
 
 // The whole file ("" when it cannot be read).
+// What this process logs (glog) while it lives, one message a line.
+class LogCapture : public google::LogSink {
+ public:
+  LogCapture() { google::AddLogSink(this); }
+  ~LogCapture() override { google::RemoveLogSink(this); }
+  void send(google::LogSeverity, const char*, const char*, int,
+            const google::LogMessageTime&, const char* message,
+            size_t length) override {
+    std::lock_guard<std::mutex> l(mu_);
+    text_.append(message, length).push_back('\n');
+  }
+  std::string str() {
+    std::lock_guard<std::mutex> l(mu_);
+    return text_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::string text_;
+};
+
 inline std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << std::ifstream(path, std::ios::binary).rdbuf();

@@ -29,9 +29,13 @@
 #include "rpc/security.h"
 #include "services/config.h"
 #include "services/device.h"
+#include "services/logging.h"
 #include "services/runtime.h"
 #include "worker/server.h"
 
+ABSL_FLAG(int, verbosity, 0,
+          "log detail: 0 what an operator needs (INFO and above), 1 every "
+          "Configure and every stream opened or ended");
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "address to listen on: an IP address of this machine or a name "
           "that resolves to one (0.0.0.0: every IPv4 interface); beyond "
@@ -227,9 +231,9 @@ absl::StatusOr<std::pair<std::string, interlock::TransportSecurity>> Join(
                         absl::StrCat("register with ", coordinator, ": ",
                                      r.status().message()));
   }
-  std::cerr << "interlock-worker: registered as " << address << " for block "
-            << block << " of run " << r->run_id() << " (generation "
-            << r->generation() << ")\n";
+  LOG(INFO) << "registered as " << address << " for block " << block
+            << " of run " << r->run_id() << " (generation " << r->generation()
+            << ")";
   return std::make_pair(address, *std::move(security));
 }
 
@@ -249,13 +253,14 @@ int main(int argc, char** argv) {
       "interlock-worker [--host H] [--port P] [--metrics_port M] "
       "[--metrics_host H] [--metrics_token_file F] [--port_file F] "
       "[--max_message_bytes B] [--max_concurrent_streams N] "
-      "[--token-file F] [--tls-cert F --tls-key F] [--tls-ca F] "
+      "[--token_file F] [--tls_cert F --tls_key F] [--tls_ca F] "
       "[--insecure] [--device cpu|cuda[:N]] [--collective_host H]\n"
       "interlock-worker --health_check HOST:PORT [--health_service S] "
-      "[--tls-cert F --tls-key F] [--tls-ca F]");
+      "[--tls_cert F --tls_key F] [--tls_ca F]");
   std::vector<std::string> storage(argv, argv + argc);
   std::vector<char*> args = interlock::UnderscoreFlagNames(storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  interlock::InitLogging("interlock-worker", absl::GetFlag(FLAGS_verbosity));
   interlock::SecurityFiles files;
   files.token_file = absl::GetFlag(FLAGS_token_file);
   files.tls_cert = absl::GetFlag(FLAGS_tls_cert);
@@ -386,8 +391,7 @@ int main(int argc, char** argv) {
     }
     std::rename(tmp.c_str(), port_file.c_str());
   }
-  std::cerr << "interlock-worker: serving on " << options.host << ":"
-            << (*server)->port() << " ("
+  LOG(INFO) << "serving on " << options.host << ":" << (*server)->port() << " ("
             << (options.security.cert_pem.empty() ? "plaintext"
                 : options.security.ca_pem.empty() ? "TLS"
                                                   : "mutual TLS")
@@ -401,7 +405,7 @@ int main(int argc, char** argv) {
                                                        : options.metrics_host,
                           ":", (*server)->metrics_port(),
                           options.metrics_token.empty() ? "" : " (token)"))
-            << ", blocks on " << options.device.str() << "\n";
+            << ", blocks on " << options.device.str();
   // Elastic membership: join a running run's block, leave on SIGTERM.
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   std::string advertised;
@@ -418,7 +422,7 @@ int main(int argc, char** argv) {
   }
   int sig = 0;
   sigwait(&signals, &sig);
-  std::cerr << "interlock-worker: signal " << sig << ", shutting down\n";
+  LOG(INFO) << "signal " << sig << ", shutting down";
   if (!advertised.empty()) {
     // Scale-down: finish what this replica holds and leave at a step
     // boundary before the server goes.
@@ -426,11 +430,9 @@ int main(int argc, char** argv) {
         coordinator, client_security, advertised,
         absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout)));
     if (left.ok()) {
-      std::cerr << "interlock-worker: left the run (generation " << *left
-                << ")\n";
+      LOG(INFO) << "left the run (generation " << *left << ")";
     } else {
-      std::cerr << "interlock-worker: leave: " << left.status().message()
-                << "\n";
+      LOG(WARNING) << "leave: " << left.status().message();
     }
   }
   (*server)->Shutdown();

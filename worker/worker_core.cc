@@ -1,7 +1,6 @@
 #include "worker/worker_core.h"
 
 #include <algorithm>
-#include <iostream>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -9,6 +8,7 @@
 #include "plan/status_macros.h"
 #include "services/collective.h"
 #include "services/digest.h"
+#include "services/logging.h"
 #include "services/runtime.h"
 #include "services/scripted.h"
 #include "services/wire_codec.h"
@@ -79,10 +79,15 @@ void WorkerCore::Configure(
   host_.Post([this, request, done = std::move(done)] {
     auto response = DoConfigure(request);
     if (!response.ok()) {
-      // A refused configuration is logged where it was refused.
-      std::cerr << "interlock-worker: configure of block " << request.block()
-                << " replica " << request.replica()
-                << " refused: " << response.status() << std::endl;
+      // A refused configuration is logged where it was refused. Not the
+      // run's id: a caller who does not know the run may have sent it.
+      LOG(WARNING) << "configure of block " << request.block() << " replica "
+                   << request.replica() << " generation "
+                   << request.generation() << " refused: " << response.status();
+    } else {
+      VLOG(1) << "configured block " << request.block() << " replica "
+              << request.replica() << " of run " << request.run_id()
+              << " generation " << request.generation();
     }
     done(std::move(response));
   });

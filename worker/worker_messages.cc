@@ -9,6 +9,7 @@
 #include "plan/status_macros.h"
 #include "services/config.h"
 #include "services/failure.h"
+#include "services/logging.h"
 #include "services/wire_codec.h"
 #include "worker/worker_core.h"
 #include "worker/worker_run.h"
@@ -42,9 +43,12 @@ void WorkerCore::OpenControl(const v1::ControlRequest& request,
         CheckRun("control", request.run_id(), request.generation());
     if (!s.ok()) {
       if (run_) run_->metrics->rejected->Increment();
+      LOG(WARNING) << "block " << (run_ ? run_->block : -1)
+                   << ": control stream refused: " << s;
       sink->Finish(s);
       return;
     }
+    VLOG(1) << "block " << run_->block << ": control stream opened";
     std::shared_ptr<ControlSink> old;
     {
       std::lock_guard<std::mutex> l(sink_mu_);
@@ -69,6 +73,7 @@ void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from, DownFrame msg,
   host_.Post([this, from = std::move(from), msg = std::move(msg),
               accepted = std::move(accepted)]() mutable {
     if (!run_) {
+      LOG(WARNING) << "stream refused: no block configured";
       from->Finish(absl::FailedPreconditionError(
           "stream: no block configured on this worker"));
       return;
@@ -76,10 +81,12 @@ void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from, DownFrame msg,
     const auto& h = msg.proto.header();
     if (h.run_id() != run_->run_id || h.generation() != run_->generation) {
       run_->metrics->rejected->Increment();
-      from->Finish(absl::FailedPreconditionError(
+      const absl::Status refused = absl::FailedPreconditionError(
           absl::StrCat("stream: the first message names run ",
                        Quoted(h.run_id()), " generation ", h.generation(),
-                       ", not the run this worker is configured for")));
+                       ", not the run this worker is configured for"));
+      LOG(WARNING) << "block " << run_->block << ": " << refused.message();
+      from->Finish(refused);
       return;
     }
     // Streams come from the replicas of block k-1 (the coordinator for
@@ -95,6 +102,8 @@ void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from, DownFrame msg,
     // The same run and generation: a reconnect (the coordinator after a
     // broken stream, block k-1 re-opening its link) takes over from the
     // stream of the same sender.
+    VLOG(1) << "block " << run_->block << ": stream from replica "
+            << h.from_replica() << " of the block before attached";
     Attach(from, h.from_replica());
     accepted();
     ProcessDown(from, std::move(msg));
@@ -341,10 +350,9 @@ void WorkerCore::HandleLinkDone(uint64_t link_id, absl::Status status) {
 void WorkerCore::FailRun(int block, const std::string& address,
                          const absl::Status& s) {
   // Logged here, on the side that saw it, as well as reported.
-  std::cerr << "interlock-worker: run "
-            << (run_ ? run_->run_id : std::string("(none)")) << " block "
-            << (run_ ? run_->block : -1) << ": the link to block " << block
-            << " at " << address << " failed: " << s << std::endl;
+  LOG(ERROR) << "run " << (run_ ? run_->run_id : std::string("(none)"))
+             << " block " << (run_ ? run_->block : -1) << ": the link to block "
+             << block << " at " << address << " failed: " << s;
   if (run_) run_->failed = true;
   v1::ControlEvent event;
   auto* f = event.mutable_failure();
