@@ -89,6 +89,22 @@ TEST(Cli, WritesRunFiles) {
   std::filesystem::remove_all(out);
 }
 
+// A machine without gnuplot (a slim container) still trains and writes the
+// run's files: the timeline picture is left to its script, with a warning.
+// (The image's smoke test once failed every run with --out this way.)
+TEST(Cli, RunsWithoutGnuplot) {
+  const std::string out = TempDir("nognuplot");
+  auto r =
+      RunCommand("env PATH=/nonexistent " + kCli + " train --config " + kSrc +
+                 "/configs/tests/tiny_resnet.pbtxt --steps 3 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("timeline not drawn"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(out + "/summary.json"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/timeline.gp"));
+  EXPECT_FALSE(std::filesystem::exists(out + "/timeline.png"));
+  std::filesystem::remove_all(out);
+}
+
 // `train --reduction` sets training.reduction (it was once read by
 // `simulate` only, and `train` ran ORDERED whatever it said).
 TEST(Cli, ReductionFlagSetsTheRunsReduction) {
