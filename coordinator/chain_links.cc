@@ -1,5 +1,7 @@
 #include "coordinator/chain_links.h"
 
+#include <openssl/rand.h>
+
 #include <algorithm>
 #include <random>
 #include <thread>
@@ -102,6 +104,15 @@ absl::Status ChainLinks::Connect(absl::Duration timeout, bool parallel,
   for (int k = k_blocks - 1; k >= 0; --k) {
     for (int r = 0; r < replicas_[k]; ++r) order.emplace_back(k, r);
   }
+  // Fresh keys: a stream of an earlier generation, or of anyone who learnt
+  // the run's id, cannot take over a link of this one.
+  stream_keys_.assign(k_blocks, std::string(16, '\0'));
+  for (auto& key : stream_keys_) {
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()),
+                   static_cast<int>(key.size())) != 1) {
+      return absl::InternalError("no random bytes for the stream keys");
+    }
+  }
   std::vector<absl::Status> results(order.size());
   auto configure = [&](size_t i) {
     const auto [k, r] = order[i];
@@ -119,6 +130,8 @@ absl::Status ChainLinks::Connect(absl::Duration timeout, bool parallel,
     req.set_replicas(replicas_[k]);
     req.set_collective_address(collective_address_);
     req.set_snapshots(snapshots_);
+    req.set_stream_key(stream_keys_[k]);
+    if (k + 1 < k_blocks) req.set_next_stream_key(stream_keys_[k + 1]);
     EncodeShape(shape_, req.mutable_shape());
     req.set_max_message_bytes(max_bytes_);
     req.set_window(options_.window);
@@ -409,6 +422,7 @@ void ChainLinks::WorkerState(int block, bool up) {
 }
 
 void ChainLinks::SetHeader(v1::DownMessage* m, int replica) {
+  m->mutable_header()->set_stream_key(stream_keys_[0]);
   m->mutable_header()->set_run_id(run_id_);
   m->mutable_header()->set_generation(generation_);
   m->mutable_header()->mutable_route()->set_block(0);

@@ -122,6 +122,9 @@ class ChainLinks {
   std::vector<std::vector<ScriptedFile>> model_files_;
   std::string collective_address_;
   bool snapshots_ = false;
+  // This generation's stream key of each block (ConfigureRequest.stream_key),
+  // new with every Connect.
+  std::vector<std::string> stream_keys_;
   // The topology in force and its replica counts, by block, then replica.
   Topology workers_;
   std::vector<int> replicas_;

@@ -131,6 +131,11 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
     }
     ASSIGN_OR_RETURN(TransportSecurity server_security,
                      LoadTransportSecurity(options.security, /*server=*/true));
+    // A local cluster's membership service asks for the token its workers
+    // have: Register answers the run's id and generation to no one else.
+    if (run->local_ && server_security.token.empty()) {
+      server_security.token = co.security.token;
+    }
     ASSIGN_OR_RETURN(run->coordinator_,
                      CoordinatorServer::Start(
                          options.coordinator_host, options.coordinator_port,

@@ -319,6 +319,47 @@ TEST(Elastic, JoinFailureAndLeaveMidRunEndBitwiseOnTheSingleChain) {
 // held by the hung replica, is abandoned when the coordinator reconfigures
 // the block, the run continues from the survivors' snapshots without a
 // checkpoint restore, and ends bitwise where the single chain ends.
+// A local cluster's membership service asks for the token its workers have
+// (the run's id and generation went to any local caller before); the token
+// file it logs lets a joiner in.
+TEST(Elastic, ALocalClustersMembershipServiceNeedsItsToken) {
+  const std::string dir = MakeTempDir("elastic-local");
+  std::ofstream(dir + "/config.pbtxt") << kConfig;
+  const std::string port_file = dir + "/coordinator.port";
+  Child cli = StartChild(
+      INTERLOCK_CLI,
+      {"train", "--config", dir + "/config.pbtxt", "--engine", "cluster",
+       "--coordinator-port", "0", "--coordinator-port-file", port_file,
+       "--steps", "100000", "--quiet"},
+      dir + "/cli.log");
+  int port = 0;
+  ASSERT_TRUE(
+      WaitFor([&] { return (std::ifstream(port_file) >> port).good(); }, 120))
+      << ReadFile(cli.log);
+  const std::string coordinator = "127.0.0.1:" + std::to_string(port);
+  grpc::Status s = Register(coordinator, "", 1, "127.0.0.1:1");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << s.error_message();
+  // The token file the coordinator logged for joiners.
+  const std::string log = ReadFile(cli.log);
+  const std::string marker = "require the token in ";
+  const size_t at = log.find(marker);
+  ASSERT_NE(at, std::string::npos) << log;
+  const size_t from = at + marker.size();
+  const std::string token_file = log.substr(from, log.find(';', from) - from);
+  std::string token;
+  std::ifstream(token_file) >> token;
+  ASSERT_FALSE(token.empty()) << token_file;
+  s = Register(coordinator, token, 1, "no-port");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << s.error_message();
+  // Its workers die with it.
+  kill(cli.pid, SIGKILL);
+  int status = 0;
+  waitpid(cli.pid, &status, 0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Elastic, HungReplicaIsDroppedAndTheRunEndsBitwise) {
   const std::string dir = MakeTempDir("elastic-hung");
   std::ofstream(dir + "/config.pbtxt") << kConfig;

@@ -211,6 +211,58 @@ TEST_F(WorkerHardeningTest, StreamFloodLeavesTheLiveStreamAndTheLimitIntact) {
   EXPECT_TRUE(Contains(s.error_message(), "replaced")) << s.error_message();
 }
 
+// Knowing the run's id and generation is not enough to take over a block's
+// stream (a tokenless run once lost 5,100 steps to one such message): the
+// first message must carry this generation's stream key, which Configure
+// gives only the two ends of the link. A stream without it is refused
+// before anything else and changes nothing; the key's holder reconnects.
+TEST_F(WorkerHardeningTest, AStreamWithoutTheGenerationsKeyChangesNothing) {
+  WorkerProcess w = Start({});
+  auto stub = v1::Worker::NewStub(Plaintext(w));
+  const std::string kKey = "key-of-generation-1";
+  v1::ConfigureRequest req = OneBlockRequest("run-keyed");
+  req.set_stream_key(kKey);
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::ConfigureResponse resp;
+    ASSERT_TRUE(stub->Configure(&ctx, req, &resp).ok());
+  }
+  int64_t step = 0;
+  OpenStream live(stub.get(), 300);
+  v1::DownMessage first = Forward("run-keyed", step++);
+  first.mutable_header()->set_stream_key(kKey);
+  ASSERT_TRUE(live.Write(first));
+  ASSERT_TRUE(live.AwaitCompletion());
+  for (const std::string& key :
+       {std::string(), std::string("key-of-generation-0"), kKey + "x",
+        kKey.substr(0, kKey.size() - 1)}) {
+    // The run's next step, its id and generation right: were the stream
+    // taken, the step would be applied and the live stream ended.
+    v1::DownMessage m = Forward("run-keyed", step);
+    m.mutable_header()->set_stream_key(key);
+    bool completed = false;
+    grpc::Status s = StreamOnce(stub.get(), m, &completed);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << s.error_message();
+    EXPECT_FALSE(completed);
+    EXPECT_FALSE(Contains(s.error_message(), "run-keyed")) << s.error_message();
+  }
+  // The live stream is untouched and applies that step itself.
+  ASSERT_TRUE(live.Write(Forward("run-keyed", step++)));
+  ASSERT_TRUE(live.AwaitCompletion());
+  // The key's holder (the coordinator after a broken stream) takes over.
+  v1::DownMessage again = Forward("run-keyed", step++);
+  again.mutable_header()->set_stream_key(kKey);
+  bool completed = false;
+  grpc::Status s = StreamOnce(stub.get(), again, &completed);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(completed);
+  EXPECT_FALSE(live.AwaitCompletion());
+  s = live.Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+}
+
 // LoadState is checked against the configured block before anything is
 // buffered and runs one at a time; forwards cannot queue beyond what the
 // run's window allows. Memory stays bounded and the worker serves on.

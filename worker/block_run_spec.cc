@@ -125,6 +125,14 @@ absl::StatusOr<BlockRunSpec> ResolveBlockRun(const v1::ConfigureRequest& req,
   spec.max_steps_ahead =
       (spec.window + spec.microbatches - 1) / spec.microbatches + 2;
   spec.max_queued = int64_t{spec.window} + spec.microbatches;
+  constexpr size_t kMaxKey = 64;
+  if (req.stream_key().size() > kMaxKey ||
+      req.next_stream_key().size() > kMaxKey) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("configure: stream keys are at most ", kMaxKey, " bytes"));
+  }
+  spec.stream_key = req.stream_key();
+  spec.next_stream_key = req.next_stream_key();
   spec.snapshots = req.snapshots();
   if (req.has_restore_step()) spec.restore_step = req.restore_step();
   for (const auto& f : req.model_files()) {

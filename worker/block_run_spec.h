@@ -49,6 +49,10 @@ struct BlockRunSpec {
   int window = 0;
   int64_t max_steps_ahead = 0;
   int64_t max_queued = 0;
+  // What a new incoming stream must carry, and what this block's links to
+  // the next carry (ConfigureRequest.stream_key, next_stream_key).
+  std::string stream_key;
+  std::string next_stream_key;
   // Keep step-boundary snapshots; continue from the one at this step.
   bool snapshots = false;
   std::optional<int64_t> restore_step;

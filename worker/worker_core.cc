@@ -18,6 +18,15 @@
 
 namespace interlock {
 
+bool SameKey(const std::string& given, const std::string& expected) {
+  unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(expected[i]) ^
+            static_cast<unsigned char>(i < given.size() ? given[i] : 0);
+  }
+  return diff == 0;
+}
+
 std::vector<int64_t> WithBatch(int64_t b, const std::vector<int64_t>& s) {
   std::vector<int64_t> out{b};
   out.insert(out.end(), s.begin(), s.end());
@@ -31,7 +40,8 @@ std::string Quoted(const std::string& s) {
 }
 
 void SetHeader(const std::string& run_id, int64_t generation, int block,
-               v1::DownMessage* m) {
+               const std::string& stream_key, v1::DownMessage* m) {
+  m->mutable_header()->set_stream_key(stream_key);
   m->mutable_header()->set_run_id(run_id);
   m->mutable_header()->set_generation(generation);
   m->mutable_header()->mutable_route()->set_block(block);
@@ -212,7 +222,8 @@ BlockDriver::Callbacks WorkerCore::DriverCallbacks(Run* r) {
     const int to =
         m.routes.empty() ? 0 : m.routes[m.mb * r->num_blocks + r->block + 1];
     DownFrame msg;
-    SetHeader(r->run_id, r->generation, r->block + 1, &msg.proto);
+    SetHeader(r->run_id, r->generation, r->block + 1, r->next_stream_key,
+              &msg.proto);
     msg.proto.mutable_header()->mutable_route()->set_replica(to);
     msg.proto.mutable_header()->set_from_replica(r->replica);
     r->codec.EncodeForward(m, r->microbatches, &msg);

@@ -79,6 +79,18 @@ void WorkerCore::OnFirstDown(std::shared_ptr<UpstreamSink> from, DownFrame msg,
       return;
     }
     const auto& h = msg.proto.header();
+    // First: a stream that does not carry this generation's key (only the
+    // block before and the coordinator were told it) changes nothing,
+    // whatever else it names, and learns nothing of the run.
+    if (!SameKey(h.stream_key(), run_->stream_key)) {
+      run_->metrics->rejected->Increment();
+      LOG(WARNING) << "block " << run_->block
+                   << ": stream refused: its first message does not carry "
+                      "this generation's stream key";
+      from->Finish(absl::PermissionDeniedError(
+          "stream: not a stream of this block's configured neighbour"));
+      return;
+    }
     if (h.run_id() != run_->run_id || h.generation() != run_->generation) {
       run_->metrics->rejected->Increment();
       const absl::Status refused = absl::FailedPreconditionError(
@@ -282,7 +294,8 @@ absl::Status WorkerCore::HandleEval(const DownFrame& msg) {
   SendControl(std::move(up));
   if (r.block + 1 < r.num_blocks) {
     DownFrame down;
-    SetHeader(r.run_id, r.generation, r.block + 1, &down.proto);
+    SetHeader(r.run_id, r.generation, r.block + 1, r.next_stream_key,
+              &down.proto);
     m.input = std::move(res.output);
     m.nonfinite = res.output_nonfinite;
     r.codec.EncodeEval(m, &down);

@@ -71,9 +71,13 @@ std::vector<int64_t> WithBatch(int64_t b, const std::vector<int64_t>& s);
 // A caller's string in an error message: escaped and cut short (it may be
 // as long as a whole message).
 std::string Quoted(const std::string& s);
-// The header of a message of run (`run_id`, `generation`) for `block`.
+// The header of a message of run (`run_id`, `generation`) for `block`,
+// with that block's stream key.
 void SetHeader(const std::string& run_id, int64_t generation, int block,
-               interlock::v1::DownMessage* m);
+               const std::string& stream_key, interlock::v1::DownMessage* m);
+// Whether a stream's key is the one expected, in time independent of where
+// they differ.
+bool SameKey(const std::string& given, const std::string& expected);
 
 }  // namespace interlock
 
