@@ -114,6 +114,8 @@ absl::Status ChainLinks::Connect(absl::Duration timeout, bool parallel,
     }
   }
   std::vector<absl::Status> results(order.size());
+  instances_.assign(k_blocks, {});
+  for (int k = 0; k < k_blocks; ++k) instances_[k].assign(replicas_[k], "");
   auto configure = [&](size_t i) {
     const auto [k, r] = order[i];
     v1::ConfigureRequest req;
@@ -144,10 +146,11 @@ absl::Status ChainLinks::Connect(absl::Duration timeout, bool parallel,
     }
     // At the start, wait for a worker still coming up; in a recovery a
     // worker that is gone again fails the attempt at once (it is retried).
-    results[i] = peers_[k][r]
-                     ->Configure(req, absl::Now() + options_.rpc_deadline,
-                                 /*wait_for_ready=*/generation_ == 1)
-                     .status();
+    auto configured =
+        peers_[k][r]->Configure(req, absl::Now() + options_.rpc_deadline,
+                                /*wait_for_ready=*/generation_ == 1);
+    results[i] = configured.status();
+    if (configured.ok()) instances_[k][r] = configured->instance_id();
     VLOG(1) << peers_[k][r]->label()
             << (results[i].ok() ? " configured" : " refused configure")
             << " for generation " << generation_

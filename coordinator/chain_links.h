@@ -49,6 +49,8 @@ class ChainLinks {
   int microbatches() const { return config_.training().microbatches(); }
   const Topology& workers() const { return workers_; }
   const std::vector<int>& replicas() const { return replicas_; }
+  // Each worker's process identity, as its last Configure answered it.
+  const Topology& instances() const { return instances_; }
   // The topology in force: a client for each of its workers.
   void SetTopology(const Topology& t);
   WorkerClient& peer(int block, int replica) { return *peers_[block][replica]; }
@@ -128,6 +130,7 @@ class ChainLinks {
   // The topology in force and its replica counts, by block, then replica.
   Topology workers_;
   std::vector<int> replicas_;
+  Topology instances_;
   std::vector<std::vector<std::unique_ptr<WorkerClient>>> peers_;
   // The routes of the step last submitted.
   int64_t routes_step_ = -1;

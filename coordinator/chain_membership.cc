@@ -30,7 +30,7 @@ absl::Status ChainMembership::StartStore() {
 void ChainMembership::Publish() {
   if (options_.membership) {
     options_.membership->SetTopology(links_->run_id(), links_->workers(),
-                                     links_->generation());
+                                     links_->generation(), links_->instances());
   }
 }
 
@@ -119,7 +119,7 @@ absl::StatusOr<int64_t> ChainMembership::FailOver(int64_t accounted) {
   for (int k = 0; k < static_cast<int>(now.size()); ++k) {
     for (const std::string& a : now[k]) {
       if (dead.count(a)) {
-        changes.push_back({MemberChangeKind::kFailure, k, a});
+        changes.push_back({MemberChangeKind::kFailure, k, a, ""});
       } else {
         next[k].push_back(a);
       }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/channel.h"
 #include "rpc/status.h"
+#include "rpc/worker_client.h"
 
 namespace interlock {
 namespace {
@@ -14,13 +15,18 @@ namespace v1 = interlock::v1;
 // A leaver waits for the next step boundary; longer than this, it asks
 // again.
 constexpr absl::Duration kMaxLeaveWait = absl::Minutes(10);
+// A worker answers Identify at once; a registration that waits longer is
+// refused (the worker retries).
+constexpr absl::Duration kIdentifyDeadline = absl::Seconds(2);
 
 }  // namespace
 
 class CoordinatorServer::Service : public v1::Coordinator::CallbackService {
  public:
-  Service(Membership* membership, std::string token)
-      : membership_(membership), token_(std::move(token)) {}
+  Service(Membership* membership, std::string token, TransportSecurity client)
+      : membership_(membership),
+        token_(std::move(token)),
+        client_(std::move(client)) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* request,
@@ -30,13 +36,36 @@ class CoordinatorServer::Service : public v1::Coordinator::CallbackService {
       reactor->Finish(ToGrpcStatus(s));
       return reactor;
     }
-    auto r = membership_->Register(request->block(), request->address(),
-                                   request->config_sha256());
-    if (r.ok()) {
-      response->set_run_id(r->run_id);
-      response->set_generation(r->generation);
+    if (absl::Status s = membership_->Admit(
+            request->block(), request->address(), request->config_sha256());
+        !s.ok()) {
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
     }
-    reactor->Finish(ToGrpcStatus(r.status()));
+    // Who answers at the address, asked off the reactor (a call to a
+    // worker that does not answer takes up to its deadline).
+    std::thread([membership = membership_, client = client_, reactor, response,
+                 req = *request] {
+      WorkerClient probe("registering worker", req.address(), 1 << 20, client);
+      absl::StatusOr<std::string> id =
+          probe.Identify(absl::Now() + kIdentifyDeadline);
+      absl::Status s;
+      if (!id.ok()) {
+        membership->Refused("gone");
+        s = absl::UnavailableError(absl::StrCat(
+            "register: nothing answers as a worker at ",
+            req.address().substr(0, 64), " (", id.status().message(), ")"));
+      } else {
+        auto r = membership->Register(req.block(), req.address(),
+                                      req.config_sha256(), *id);
+        if (r.ok()) {
+          response->set_run_id(r->run_id);
+          response->set_generation(r->generation);
+        }
+        s = r.status();
+      }
+      reactor->Finish(ToGrpcStatus(s));
+    }).detach();
     return reactor;
   }
 
@@ -72,13 +101,14 @@ class CoordinatorServer::Service : public v1::Coordinator::CallbackService {
 
   Membership* const membership_;
   const std::string token_;
+  const TransportSecurity client_;
 };
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const std::string& host, int port, const TransportSecurity& security,
-    Membership* membership) {
+    const TransportSecurity& client, Membership* membership) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
-  s->service_ = std::make_unique<Service>(membership, security.token);
+  s->service_ = std::make_unique<Service>(membership, security.token, client);
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder, 1 << 20);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

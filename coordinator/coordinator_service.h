@@ -20,10 +20,13 @@ class CoordinatorServer {
  public:
   // Listens on host:port (port 0: any free one). Calls need the bearer
   // token of `security` when it has one; refusals are counted by
-  // `membership`.
+  // `membership`. A registering address is asked who it is (Identify) with
+  // `client` (the run's token and TLS towards workers) before it is
+  // accepted: nothing that does not answer as a worker costs the run a
+  // drain.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       const std::string& host, int port, const TransportSecurity& security,
-      Membership* membership);
+      const TransportSecurity& client, Membership* membership);
   ~CoordinatorServer();
 
   int port() const { return port_; }

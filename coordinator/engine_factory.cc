@@ -139,7 +139,7 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
     ASSIGN_OR_RETURN(run->coordinator_,
                      CoordinatorServer::Start(
                          options.coordinator_host, options.coordinator_port,
-                         server_security, run->membership_.get()));
+                         server_security, co.security, run->membership_.get()));
     LOG(INFO) << "membership service on " << options.coordinator_host << ":"
               << run->coordinator_->port()
               << (options.insecure ? " (--insecure)" : "");

@@ -42,10 +42,11 @@ Membership::Membership(int num_blocks, int microbatches,
       config_sha256_(std::move(config_sha256)) {}
 
 void Membership::SetTopology(const std::string& run_id, const Topology& t,
-                             int64_t generation) {
+                             int64_t generation, const Topology& instances) {
   std::lock_guard<std::mutex> l(mu_);
   run_id_ = run_id;
   topology_ = t;
+  instances_ = instances;
   generation_ = generation;
   cv_.notify_all();
 }
@@ -62,6 +63,22 @@ bool Membership::KnownLocked(const std::string& address) const {
   return false;
 }
 
+std::string Membership::InstanceLocked(const std::string& instance_id) const {
+  if (instance_id.empty()) return "";
+  for (size_t k = 0; k < instances_.size() && k < topology_.size(); ++k) {
+    for (size_t r = 0; r < instances_[k].size() && r < topology_[k].size();
+         ++r) {
+      if (instances_[k][r] == instance_id) return topology_[k][r];
+    }
+  }
+  for (const auto& c : pending_) {
+    if (c.kind == MemberChangeKind::kJoin && c.instance_id == instance_id) {
+      return c.address;
+    }
+  }
+  return "";
+}
+
 absl::Status Membership::RefuseLocked(const std::string& reason,
                                       absl::Status s) {
   if (on_refused_) on_refused_(reason);
@@ -71,7 +88,7 @@ absl::Status Membership::RefuseLocked(const std::string& reason,
 const std::vector<std::string>& Membership::RefusalReasons() {
   static const auto* reasons = new std::vector<std::string>{
       "token",    "block",   "address", "config", "duplicate",
-      "replicas", "unknown", "last",    "gone"};
+      "replicas", "unknown", "last",    "gone",   "rate"};
   return *reasons;
 }
 
@@ -79,9 +96,59 @@ void Membership::Refused(const std::string& reason) {
   if (on_refused_) on_refused_(reason);
 }
 
-absl::StatusOr<Membership::Accepted> Membership::Register(
-    int block, const std::string& address, const std::string& config_sha256) {
+absl::Status Membership::Admit(int block, const std::string& address,
+                               const std::string& config_sha256) {
   std::lock_guard<std::mutex> l(mu_);
+  const absl::Time now = absl::Now();
+  if (refilled_ != absl::InfinitePast()) {
+    tokens_ = std::min(kRegistrationBurst,
+                       tokens_ + kRegistrationsPerSecond *
+                                     absl::ToDoubleSeconds(now - refilled_));
+  }
+  refilled_ = now;
+  if (tokens_ < 1) {
+    return RefuseLocked("rate",
+                        absl::ResourceExhaustedError(absl::StrCat(
+                            "register: more than ", kRegistrationsPerSecond,
+                            " registrations a second; try again in a second")));
+  }
+  tokens_ -= 1;
+  return CheckLocked(block, address, config_sha256);
+}
+
+absl::StatusOr<Membership::Accepted> Membership::Register(
+    int block, const std::string& address, const std::string& config_sha256,
+    const std::string& instance_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (absl::Status s = CheckLocked(block, address, config_sha256); !s.ok()) {
+    return s;
+  }
+  if (const std::string known = InstanceLocked(instance_id); !known.empty()) {
+    return RefuseLocked(
+        "duplicate",
+        absl::AlreadyExistsError(absl::StrCat(
+            "register: the worker at ", Cut(address),
+            " is the process already in the run (or joining) as ", known)));
+  }
+  int replicas = static_cast<int>(topology_[block].size());
+  for (const auto& c : pending_) {
+    if (c.block != block) continue;
+    replicas += c.kind == MemberChangeKind::kJoin ? 1 : -1;
+  }
+  if (replicas + 1 > microbatches_) {
+    return RefuseLocked(
+        "replicas",
+        absl::ResourceExhaustedError(absl::StrCat(
+            "register: block ", block, " would have ", replicas + 1,
+            " replicas but a step has only ", microbatches_,
+            " micro-batches: at most one replica per micro-batch")));
+  }
+  pending_.push_back({MemberChangeKind::kJoin, block, address, instance_id});
+  return Accepted{run_id_, generation_ + 1};
+}
+
+absl::Status Membership::CheckLocked(int block, const std::string& address,
+                                     const std::string& config_sha256) {
   if (block < 0 || block >= num_blocks_) {
     return RefuseLocked("block", absl::InvalidArgumentError(absl::StrCat(
                                      "register: block ", block, " outside [0, ",
@@ -108,21 +175,7 @@ absl::StatusOr<Membership::Accepted> Membership::Register(
         absl::AlreadyExistsError(absl::StrCat(
             "register: ", address, " is already in the topology or joining")));
   }
-  int replicas = static_cast<int>(topology_[block].size());
-  for (const auto& c : pending_) {
-    if (c.block != block) continue;
-    replicas += c.kind == MemberChangeKind::kJoin ? 1 : -1;
-  }
-  if (replicas + 1 > microbatches_) {
-    return RefuseLocked(
-        "replicas",
-        absl::ResourceExhaustedError(absl::StrCat(
-            "register: block ", block, " would have ", replicas + 1,
-            " replicas but a step has only ", microbatches_,
-            " micro-batches: at most one replica per micro-batch")));
-  }
-  pending_.push_back({MemberChangeKind::kJoin, block, address});
-  return Accepted{run_id_, generation_ + 1};
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> Membership::Leave(const std::string& address,
@@ -152,7 +205,7 @@ absl::StatusOr<int64_t> Membership::Leave(const std::string& address,
                       "leave: ", address, " is the last replica of block ",
                       block, "; the run needs it")));
     }
-    pending_.push_back({MemberChangeKind::kLeave, block, address});
+    pending_.push_back({MemberChangeKind::kLeave, block, address, ""});
     cv_.notify_all();
   }
   auto gone = [&] {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "plan/topology.h"
 
@@ -28,6 +29,8 @@ struct MemberChange {
   MemberChangeKind kind = MemberChangeKind::kJoin;
   int block = 0;
   std::string address;
+  // A joiner's process identity, as it answered Identify.
+  std::string instance_id;
 };
 
 // A topology change the engine applied: the step it took effect before,
@@ -61,16 +64,28 @@ class Membership {
     on_refused_ = std::move(f);
   }
 
-  // The run and topology in force (the engine, whenever it changes).
+  // The run and topology in force (the engine, whenever it changes), with
+  // each worker's instance id (same shape; empty where unknown).
   void SetTopology(const std::string& run_id, const Topology& t,
-                   int64_t generation);
+                   int64_t generation, const Topology& instances = {});
 
   struct Accepted {
     std::string run_id;
     int64_t generation = 0;  // the one the worker will be configured under
   };
+  // The checks that need no call to the worker, and the rate limit: at
+  // most kRegistrationsPerSecond, kRegistrationBurst at once. Before the
+  // caller asks the address who it is.
+  absl::Status Admit(int block, const std::string& address,
+                     const std::string& config_sha256);
+  // Accepts `address`, whose process answered `instance_id`, as a joiner
+  // of `block`: refused when that process is in the topology or joining
+  // already, under any address.
   absl::StatusOr<Accepted> Register(int block, const std::string& address,
-                                    const std::string& config_sha256);
+                                    const std::string& config_sha256,
+                                    const std::string& instance_id);
+  static constexpr double kRegistrationsPerSecond = 5;
+  static constexpr double kRegistrationBurst = 10;
   // Blocks until `address` is out of the topology (answers that
   // generation), the run ends (ABORTED) or `deadline` passes.
   absl::StatusOr<int64_t> Leave(const std::string& address,
@@ -90,6 +105,11 @@ class Membership {
  private:
   // Whether `address` is in the topology or waits to join.
   bool KnownLocked(const std::string& address) const;
+  // The address under which process `instance_id` is in the topology or
+  // joining; empty if none.
+  std::string InstanceLocked(const std::string& instance_id) const;
+  absl::Status CheckLocked(int block, const std::string& address,
+                           const std::string& config_sha256);
   absl::Status RefuseLocked(const std::string& reason, absl::Status s);
 
   const int num_blocks_;
@@ -101,7 +121,11 @@ class Membership {
   std::condition_variable cv_;
   std::string run_id_;
   Topology topology_;
+  Topology instances_;
   int64_t generation_ = 0;
+  // The registration rate limit's bucket.
+  double tokens_ = kRegistrationBurst;
+  absl::Time refilled_ = absl::InfinitePast();
   std::vector<MemberChange> pending_;
   bool closed_ = false;
 };

@@ -49,6 +49,15 @@ absl::StatusOr<v1::ConfigureResponse> WorkerClient::Configure(
   return response;
 }
 
+absl::StatusOr<std::string> WorkerClient::Identify(absl::Time deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::IdentifyResponse response;
+  grpc::Status s = stub_->Identify(&ctx, v1::IdentifyRequest(), &response);
+  if (!s.ok()) return CallFailed(label_, "identify", s);
+  return response.instance_id();
+}
+
 absl::StatusOr<v1::GetStateResponse> WorkerClient::GetState(
     const v1::GetStateRequest& request, absl::Time deadline,
     int64_t max_bytes) {

@@ -48,6 +48,8 @@ class WorkerClient {
   // of the run, as on every other call). A block's parameters can be
   // larger than any message its run sends; such a call goes over a
   // channel of its own.
+  // The worker process's instance id (Identify).
+  absl::StatusOr<std::string> Identify(absl::Time deadline);
   absl::StatusOr<interlock::v1::GetStateResponse> GetState(
       const interlock::v1::GetStateRequest& request, absl::Time deadline,
       int64_t max_bytes = 0);

@@ -189,7 +189,7 @@ TrainResult SomeResult() {
   r.accounting.checkpoints = 3;
   r.accounting.failovers = 1;
   r.topology = {TopologyEvent{
-      7, 2, {{MemberChangeKind::kJoin, 1, "10.0.0.9:50051"}}, {1, 2}}};
+      7, 2, {{MemberChangeKind::kJoin, 1, "10.0.0.9:50051", ""}}, {1, 2}}};
   return r;
 }
 

@@ -1,5 +1,8 @@
 #include "worker/worker_core.h"
 
+#include <openssl/rand.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -47,9 +50,25 @@ void SetHeader(const std::string& run_id, int64_t generation, int block,
   m->mutable_header()->mutable_route()->set_block(block);
 }
 
+namespace {
+
+std::string NewInstanceId() {
+  unsigned char bytes[16];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    // Never expected; an id from the clock and the process still tells
+    // processes apart.
+    return absl::StrCat("t", absl::ToUnixNanos(absl::Now()), "p", getpid());
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+}  // namespace
+
 WorkerCore::WorkerCore(WorkerOptions options, WorkerMetrics* metrics,
                        LinkFactory link_factory)
     : options_(options),
+      instance_id_(NewInstanceId()),
       metrics_(metrics),
       link_factory_(std::move(link_factory)),
       host_([this] {
@@ -208,6 +227,7 @@ void WorkerCore::Describe(BlockTrainer& trainer, Run* run) {
   run->max_state_bytes =
       MaxStateBytes(tensor_bytes, entries, options_.max_state_bytes);
   run->response.set_parameters(params);
+  run->response.set_instance_id(instance_id_);
   for (int64_t d : WithBatch(run->mb_size, run->sample_shape)) {
     run->response.add_input_shape(d);
   }

@@ -108,6 +108,8 @@ class WorkerCore {
   void LoadState(BlockStateArchive state,
                  std::function<void(absl::StatusOr<int64_t>)> done);
   const WorkerOptions& options() const { return options_; }
+  // This process's identity (random, drawn at construction).
+  const std::string& instance_id() const { return instance_id_; }
 
   // The first message of a new incoming stream. If its header names the
   // configured run and generation, the stream takes over from the live one
@@ -183,6 +185,7 @@ class WorkerCore {
   BlockDriver::Callbacks DriverCallbacks(Run* run);
 
   const WorkerOptions options_;
+  const std::string instance_id_;
   WorkerMetrics* const metrics_;
   const LinkFactory link_factory_;
   std::function<void(bool)> on_configured_;

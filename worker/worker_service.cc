@@ -292,6 +292,16 @@ grpc::ServerUnaryReactor* WorkerService::GetState(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* WorkerService::Identify(
+    grpc::CallbackServerContext* ctx, const v1::IdentifyRequest*,
+    v1::IdentifyResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::Status s = Authenticate(ctx);
+  if (s.ok()) response->set_instance_id(core_->instance_id());
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
 WorkerCore::LinkFactory GrpcLinkFactory(const TransportSecurity& security) {
   return [security](const std::string& address, int64_t max_bytes,
                     std::function<void(UpFrame)> on_message,

@@ -30,7 +30,8 @@ using WorkerServiceBase = interlock::v1::Worker::WithCallbackMethod_Configure<
             interlock::v1::Worker::WithCallbackMethod_SaveState<
                 interlock::v1::Worker::WithCallbackMethod_LoadState<
                     interlock::v1::Worker::WithCallbackMethod_Control<
-                        interlock::v1::Worker::Service>>>>>>;
+                        interlock::v1::Worker::WithCallbackMethod_Identify<
+                            interlock::v1::Worker::Service>>>>>>>;
 
 // Every method checks the token first: a call without the right one ends
 // with UNAUTHENTICATED and never reaches the core.
@@ -58,6 +59,10 @@ class WorkerService final : public WorkerServiceBase {
   grpc::ServerWriteReactor<interlock::v1::ControlEvent>* Control(
       grpc::CallbackServerContext* ctx,
       const interlock::v1::ControlRequest* request) override;
+  grpc::ServerUnaryReactor* Identify(
+      grpc::CallbackServerContext* ctx,
+      const interlock::v1::IdentifyRequest* request,
+      interlock::v1::IdentifyResponse* response) override;
 
  private:
   absl::Status Authenticate(grpc::CallbackServerContext* ctx);
