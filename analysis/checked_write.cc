@@ -69,11 +69,15 @@ absl::Status WriteFileChecked(const std::string& path, absl::string_view bytes,
 absl::Status WriteFileReplacing(const std::string& path,
                                 absl::string_view bytes) {
   const std::string temp = path + ".tmp";
-  if (auto st = WriteFileChecked(temp, bytes); !st.ok()) return st;
   std::error_code ec;
-  std::filesystem::rename(temp, path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
-  return absl::OkStatus();
+  absl::Status st = WriteFileChecked(temp, bytes);
+  if (st.ok()) {
+    std::filesystem::rename(temp, path, ec);
+    if (ec) st = absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
+  }
+  // A failed write leaves nothing behind: the old file, if any, stays whole.
+  if (!st.ok()) std::filesystem::remove(temp, ec);
+  return st;
 }
 
 AppendFile::~AppendFile() {

@@ -41,6 +41,9 @@ ABSL_FLAG(std::string, out, "",
           "summary.json; partition: keeps the profiling run in DIR/units");
 ABSL_FLAG(bool, dump_params, false, "print every parameter as JSON at the end");
 ABSL_FLAG(bool, quiet, false, "no progress output");
+ABSL_FLAG(bool, replace, false,
+          "train, compare: write over a finished run's files in --out (a run "
+          "there otherwise resumes from its checkpoint, or refuses)");
 #ifdef INTERLOCK_COORDINATOR_BINARY
 constexpr char kDefaultEngine[] = "cluster";
 #else
@@ -210,7 +213,8 @@ const char kUsage[] =
     "[--link-latency T] [--link-bandwidth B] [--token-file F] "
     "[--tls-cert F --tls-key F] [--tls-ca F] [--checkpoint-every N] "
     "[--checkpoint-dir DIR] [--keep-checkpoints N] [--resume DIR] "
-    "[--recover-timeout 120s] [--profile-ops FILE] [--verbosity 0|1]\n"
+    "[--recover-timeout 120s] [--profile-ops FILE] [--verbosity 0|1] "
+    "[--replace]\n"
     "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
     "[--wire fp32,bf16,int8,...] [--budget-virtual T | --budget T | --steps N] "
     "--out DIR "
@@ -358,6 +362,7 @@ int TrainOptionsFromFlags(interlock::TrainOptions& options) {
   options.output.out_dir = absl::GetFlag(FLAGS_out);
   options.output.dump_params = absl::GetFlag(FLAGS_dump_params);
   options.output.quiet = absl::GetFlag(FLAGS_quiet);
+  options.output.replace = absl::GetFlag(FLAGS_replace);
   options.output.progress_bar = isatty(STDERR_FILENO) != 0;
   const std::string engine = absl::GetFlag(FLAGS_engine);
   if (engine == "cluster") {

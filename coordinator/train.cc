@@ -476,17 +476,48 @@ namespace {
 absl::StatusOr<std::vector<std::unique_ptr<FolderLock>>> LockFolders(
     const TrainOptions& options) {
   const std::string& out = options.output.out_dir;
-  const std::string& ckpt = options.checkpoints.dir;
+  std::string ckpt = options.checkpoints.dir;
   std::vector<std::unique_ptr<FolderLock>> locks;
   if (!out.empty()) {
     ASSIGN_OR_RETURN(auto lock, FolderLock::Acquire(out, "--out"));
     locks.push_back(std::move(lock));
+    // OUT/checkpoints is a folder of its own: another run given it as its
+    // --checkpoint-dir must find it taken.
+    std::error_code ec;
+    if (ckpt.empty() && (options.checkpoints.every > 0 ||
+                         std::filesystem::exists(out + "/checkpoints", ec))) {
+      ckpt = out + "/checkpoints";
+    }
   }
   if (!ckpt.empty() && (out.empty() || !SameFolder(ckpt, out))) {
     ASSIGN_OR_RETURN(auto lock, FolderLock::Acquire(ckpt, "--checkpoint-dir"));
     locks.push_back(std::move(lock));
   }
   return locks;
+}
+
+// A finished run's files in --out are not written over unless the user
+// says --replace: a run there resumes from a checkpoint, or refuses.
+absl::Status CheckOutFree(const TrainOptions& options) {
+  const std::string& out = options.output.out_dir;
+  std::error_code ec;
+  if (out.empty() || options.output.replace ||
+      !std::filesystem::exists(out + "/summary.json", ec) ||
+      !options.checkpoints.resume.empty()) {
+    return absl::OkStatus();
+  }
+  const std::string ckpt = options.checkpoints.dir.empty()
+                               ? out + "/checkpoints"
+                               : options.checkpoints.dir;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt, ec)) {
+    if (e.path().filename().string().rfind("step-", 0) == 0) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--out: ", out,
+      " holds a finished run (summary.json) and no checkpoint to resume "
+      "from; give another --out, or --replace to write over it"));
 }
 
 // Trains a resolved run (folders locked).
@@ -527,6 +558,7 @@ absl::StatusOr<TrainResult> TrainResolved(const ResolvedRun& run,
 absl::StatusOr<TrainResult> Train(const RunConfig& config,
                                   const TrainOptions& options) {
   ASSIGN_OR_RETURN(auto locks, LockFolders(options));
+  RETURN_IF_ERROR(CheckOutFree(options));
   // A balanced cut is measured inside the run's folder (OUT/units), which
   // is locked by now.
   const std::string& out = options.output.out_dir;

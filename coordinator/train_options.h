@@ -29,6 +29,9 @@ class LocalCluster;
 struct OutputOptions {
   // Folder for metrics.jsonl, eval.jsonl and summary.json; empty: none.
   std::string out_dir;
+  // Write over a finished run's files in out_dir (otherwise a run there
+  // resumes from its checkpoint or refuses).
+  bool replace = false;
   // Progress: a redrawn bar on a terminal, plain log lines otherwise.
   bool progress_bar = false;
   bool quiet = false;

@@ -92,6 +92,8 @@ TEST(HardeningRun, FullDiskForSummaryFailsTheRun) {
   EXPECT_TRUE(Contains(r.output, out + "/summary.json.tmp")) << r.output;
   EXPECT_TRUE(Contains(r.output, "No space left on device")) << r.output;
   EXPECT_FALSE(fs::exists(out + "/summary.json"));
+  // And leaves no temporary file behind.
+  EXPECT_FALSE(fs::exists(fs::symlink_status(out + "/summary.json.tmp")));
   fs::remove_all(out);
 }
 
@@ -250,11 +252,52 @@ TEST(HardeningRun, SecondRunOnALockedOutIsRefusedAndTheFirstCompletes) {
   EXPECT_EQ(WaitExit(first.pid, 240), 0) << ReadFile(log);
   EXPECT_EQ(LinesIn(out + "/metrics.jsonl"), 1500);
   EXPECT_TRUE(fs::exists(out + "/summary.json"));
-  // Free again once the first is done.
+  // Free again once the first is done, but it holds a finished run and no
+  // checkpoint: not written over unless asked.
+  const std::string summary = ReadFile(out + "/summary.json");
   auto third = RunCommand(kCli + " train --quiet --config " + kTiny +
                           " --steps 3 --out " + out);
+  EXPECT_NE(third.exit_code, 0) << third.output;
+  EXPECT_TRUE(Contains(third.output, "holds a finished run")) << third.output;
+  EXPECT_TRUE(Contains(third.output, "--replace")) << third.output;
+  EXPECT_EQ(ReadFile(out + "/summary.json"), summary);
+  EXPECT_EQ(LinesIn(out + "/metrics.jsonl"), 1500);
+  third = RunCommand(kCli + " train --quiet --config " + kTiny +
+                     " --steps 3 --replace --out " + out);
   EXPECT_EQ(third.exit_code, 0) << third.output;
+  EXPECT_EQ(LinesIn(out + "/metrics.jsonl"), 3);
   fs::remove_all(out);
+  fs::remove(log);
+}
+
+// A run's checkpoint folder inside its --out is locked too: another run
+// given it as --checkpoint-dir is refused instead of resuming from the live
+// checkpoints and writing beside them.
+TEST(HardeningRun, AnotherRunCannotUseALiveRunsCheckpointFolder) {
+  const std::string a = MakeTempDir("ckpt_a");
+  const std::string b = MakeTempDir("ckpt_b");
+  const std::string log = a + ".first.log";
+  Child first =
+      StartChild(kCli,
+                 {"train", "--quiet", "--config=" + kTiny, "--steps=1500",
+                  "--checkpoint-every=200", "--out=" + a},
+                 log);
+  ASSERT_GT(first.pid, 0);
+  ASSERT_TRUE(WaitFor(
+      [&] { return fs::exists(a + "/checkpoints/step-0000000200"); }, 120))
+      << ReadFile(log);
+  auto second = RunCommand(kCli + " train --quiet --config " + kTiny +
+                           " --steps 3 --out " + b + " --checkpoint-dir " + a +
+                           "/checkpoints");
+  EXPECT_NE(second.exit_code, 0) << second.output;
+  EXPECT_TRUE(Contains(second.output, a + "/checkpoints is in use by another "
+                                          "run"))
+      << second.output;
+  EXPECT_FALSE(fs::exists(b + "/summary.json"));
+  EXPECT_EQ(WaitExit(first.pid, 240), 0) << ReadFile(log);
+  EXPECT_EQ(LinesIn(a + "/metrics.jsonl"), 1500);
+  fs::remove_all(a);
+  fs::remove_all(b);
   fs::remove(log);
 }
 
