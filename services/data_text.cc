@@ -23,6 +23,36 @@ using v1::DataSpec;
 // Default size of the synthetic text.
 constexpr int64_t kSyntheticTextBytes = 64 * 1024;
 
+// Samples `indices` of a token stream cut into windows: sample i is the
+// `context` tokens from i * context (inputs) and the same shifted by one
+// (targets). `token(j)` reads the stream's j-th token.
+template <typename TokenAtFn>
+std::pair<torch::Tensor, torch::Tensor> GatherWindows(
+    const std::vector<int64_t>& indices, int64_t size, int64_t context,
+    const char* what, TokenAtFn token) {
+  const int64_t b = static_cast<int64_t>(indices.size());
+  torch::Tensor inputs = torch::empty({b, context}, torch::kLong);
+  torch::Tensor targets = torch::empty({b, context}, torch::kLong);
+  int64_t* in = inputs.data_ptr<int64_t>();
+  int64_t* out = targets.data_ptr<int64_t>();
+  for (int64_t r = 0; r < b; ++r) {
+    const int64_t i = indices[r];
+    TORCH_CHECK(i >= 0 && i < size, what, " sample index ", i,
+                " out of range [0, ", size, ")");
+    const int64_t w = i * context;
+    int64_t* in_row = in + r * context;
+    int64_t* out_row = out + r * context;
+    int64_t previous = token(w);
+    for (int64_t t = 0; t < context; ++t) {
+      const int64_t next = token(w + t + 1);
+      in_row[t] = previous;
+      out_row[t] = next;
+      previous = next;
+    }
+  }
+  return {inputs, targets};
+}
+
 // One contiguous slice [begin, begin + length) of a shared byte stream.
 class TextDataset : public Dataset {
  public:
@@ -37,26 +67,10 @@ class TextDataset : public Dataset {
 
   std::pair<torch::Tensor, torch::Tensor> Gather(
       const std::vector<int64_t>& indices) const override {
-    const int64_t b = static_cast<int64_t>(indices.size());
-    torch::Tensor inputs = torch::empty({b, context_}, torch::kLong);
-    torch::Tensor targets = torch::empty({b, context_}, torch::kLong);
-    int64_t* in = inputs.data_ptr<int64_t>();
-    int64_t* out = targets.data_ptr<int64_t>();
     const auto* base =
         reinterpret_cast<const unsigned char*>(bytes_->data()) + begin_;
-    for (int64_t r = 0; r < b; ++r) {
-      const int64_t i = indices[r];
-      TORCH_CHECK(i >= 0 && i < size_, "text sample index ", i,
-                  " out of range [0, ", size_, ")");
-      const unsigned char* w = base + i * context_;
-      int64_t* in_row = in + r * context_;
-      int64_t* out_row = out + r * context_;
-      for (int64_t t = 0; t < context_; ++t) {
-        in_row[t] = w[t];
-        out_row[t] = w[t + 1];
-      }
-    }
-    return {inputs, targets};
+    return GatherWindows(indices, size_, context_, "text",
+                         [base](int64_t j) -> int64_t { return base[j]; });
   }
 
  private:
@@ -203,28 +217,11 @@ class TokenDataset : public Dataset {
 
   std::pair<torch::Tensor, torch::Tensor> Gather(
       const std::vector<int64_t>& indices) const override {
-    const int64_t b = static_cast<int64_t>(indices.size());
-    torch::Tensor inputs = torch::empty({b, context_}, torch::kLong);
-    torch::Tensor targets = torch::empty({b, context_}, torch::kLong);
-    int64_t* in = inputs.data_ptr<int64_t>();
-    int64_t* out = targets.data_ptr<int64_t>();
     const unsigned char* base = file_->data() + begin_ * width_;
-    for (int64_t r = 0; r < b; ++r) {
-      const int64_t i = indices[r];
-      TORCH_CHECK(i >= 0 && i < size_, "token sample index ", i,
-                  " out of range [0, ", size_, ")");
-      const int64_t w = i * context_;
-      int64_t* in_row = in + r * context_;
-      int64_t* out_row = out + r * context_;
-      int64_t previous = TokenAt(base, w, width_);
-      for (int64_t t = 0; t < context_; ++t) {
-        const int64_t next = TokenAt(base, w + t + 1, width_);
-        in_row[t] = previous;
-        out_row[t] = next;
-        previous = next;
-      }
-    }
-    return {inputs, targets};
+    const int width = width_;
+    return GatherWindows(
+        indices, size_, context_, "token",
+        [base, width](int64_t j) { return TokenAt(base, j, width); });
   }
 
  private:
