@@ -22,6 +22,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "plan/topology.h"
+#include "rpc/grpc_logging.h"
 #include "services/device.h"
 #include "services/logging.h"
 
@@ -300,6 +301,7 @@ CommandLine ParseFlags(int argc, char** argv) {
   const std::string program = storage.empty() ? "interlock" : storage[0];
   InitLogging(program.substr(program.rfind('/') + 1).c_str(),
               absl::GetFlag(FLAGS_verbosity));
+  RouteGrpcLogs();
   return parsed;
 }
 

@@ -46,6 +46,11 @@ TEST_F(HardeningFlags, SecondWorkerOnOccupiedPortRefusedFirstServesAll) {
   const ExitResult second =
       Refused({"--host=127.0.0.1", "--port=" + port, "--metrics_port=-1"});
   ExpectCleanRefusal(second, {"127.0.0.1:" + port});
+  // One line of ours, not gRPC's error blob before it (--verbosity 1 shows
+  // gRPC's own lines).
+  EXPECT_EQ(second.output.find("chttp2"), std::string::npos) << second.output;
+  EXPECT_EQ(std::count(second.output.begin(), second.output.end(), '\n'), 1)
+      << second.output;
 
   // Every new connection reaches the first worker: it demands the token.
   int unauthenticated = 0;

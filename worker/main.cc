@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/channel.h"
 #include "rpc/coordinator_client.h"
+#include "rpc/grpc_logging.h"
 #include "rpc/security.h"
 #include "services/config.h"
 #include "services/device.h"
@@ -261,6 +262,7 @@ int main(int argc, char** argv) {
   std::vector<char*> args = interlock::UnderscoreFlagNames(storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   interlock::InitLogging("interlock-worker", absl::GetFlag(FLAGS_verbosity));
+  interlock::RouteGrpcLogs();
   interlock::SecurityFiles files;
   files.token_file = absl::GetFlag(FLAGS_token_file);
   files.tls_cert = absl::GetFlag(FLAGS_tls_cert);
