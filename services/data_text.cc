@@ -23,43 +23,27 @@ using v1::DataSpec;
 // Default size of the synthetic text.
 constexpr int64_t kSyntheticTextBytes = 64 * 1024;
 
-// Samples `indices` of a token stream cut into windows: sample i is the
-// `context` tokens from i * context (inputs) and the same shifted by one
-// (targets). `token(j)` reads the stream's j-th token.
-template <typename TokenAtFn>
-std::pair<torch::Tensor, torch::Tensor> GatherWindows(
-    const std::vector<int64_t>& indices, int64_t size, int64_t context,
-    const char* what, TokenAtFn token) {
-  const int64_t b = static_cast<int64_t>(indices.size());
-  torch::Tensor inputs = torch::empty({b, context}, torch::kLong);
-  torch::Tensor targets = torch::empty({b, context}, torch::kLong);
-  int64_t* in = inputs.data_ptr<int64_t>();
-  int64_t* out = targets.data_ptr<int64_t>();
-  for (int64_t r = 0; r < b; ++r) {
-    const int64_t i = indices[r];
-    TORCH_CHECK(i >= 0 && i < size, what, " sample index ", i,
-                " out of range [0, ", size, ")");
-    const int64_t w = i * context;
-    int64_t* in_row = in + r * context;
-    int64_t* out_row = out + r * context;
-    int64_t previous = token(w);
-    for (int64_t t = 0; t < context; ++t) {
-      const int64_t next = token(w + t + 1);
-      in_row[t] = previous;
-      out_row[t] = next;
-      previous = next;
-    }
-  }
-  return {inputs, targets};
+// Token i of a stream of `width`-byte little-endian tokens (1: bytes).
+inline int64_t TokenAt(const unsigned char* base, int64_t i, int width) {
+  const unsigned char* p = base + i * width;
+  if (width == 1) return p[0];
+  if (width == 2) return int64_t{p[0]} | (int64_t{p[1]} << 8);
+  return int64_t{p[0]} | (int64_t{p[1]} << 8) | (int64_t{p[2]} << 16) |
+         (int64_t{p[3]} << 24);
 }
 
-// One contiguous slice [begin, begin + length) of a shared byte stream.
-class TextDataset : public Dataset {
+// Windows of a slice [begin, begin + length) of a token stream (a text's
+// bytes, or a mapped token file): sample i is the `context` tokens from
+// i * context (inputs) and the same shifted by one (targets). `owner` keeps
+// the stream's memory alive.
+class WindowDataset : public Dataset {
  public:
-  TextDataset(std::shared_ptr<const std::string> bytes, int64_t begin,
-              int64_t length, int64_t context, int64_t cap)
-      : bytes_(std::move(bytes)),
-        begin_(begin),
+  WindowDataset(std::shared_ptr<const void> owner, const unsigned char* data,
+                int width, int64_t begin, int64_t length, int64_t context,
+                int64_t cap)
+      : owner_(std::move(owner)),
+        base_(data + begin * width),
+        width_(width),
         context_(context),
         size_(Capped((length - 1) / context, cap)) {}
 
@@ -67,15 +51,33 @@ class TextDataset : public Dataset {
 
   std::pair<torch::Tensor, torch::Tensor> Gather(
       const std::vector<int64_t>& indices) const override {
-    const auto* base =
-        reinterpret_cast<const unsigned char*>(bytes_->data()) + begin_;
-    return GatherWindows(indices, size_, context_, "text",
-                         [base](int64_t j) -> int64_t { return base[j]; });
+    const int64_t b = static_cast<int64_t>(indices.size());
+    torch::Tensor inputs = torch::empty({b, context_}, torch::kLong);
+    torch::Tensor targets = torch::empty({b, context_}, torch::kLong);
+    int64_t* in = inputs.data_ptr<int64_t>();
+    int64_t* out = targets.data_ptr<int64_t>();
+    for (int64_t r = 0; r < b; ++r) {
+      const int64_t i = indices[r];
+      TORCH_CHECK(i >= 0 && i < size_, "text sample index ", i,
+                  " out of range [0, ", size_, ")");
+      const int64_t w = i * context_;
+      int64_t* in_row = in + r * context_;
+      int64_t* out_row = out + r * context_;
+      int64_t previous = TokenAt(base_, w, width_);
+      for (int64_t t = 0; t < context_; ++t) {
+        const int64_t next = TokenAt(base_, w + t + 1, width_);
+        in_row[t] = previous;
+        out_row[t] = next;
+        previous = next;
+      }
+    }
+    return {inputs, targets};
   }
 
  private:
-  std::shared_ptr<const std::string> bytes_;
-  int64_t begin_;
+  std::shared_ptr<const void> owner_;
+  const unsigned char* base_;
+  int width_;
   int64_t context_;
   int64_t size_;
 };
@@ -101,10 +103,11 @@ absl::StatusOr<DataSplits> MakeTextSplits(
   splits.shape.is_text = true;
   splits.shape.classes = 256;
   splits.shape.context = context;
-  splits.train = std::make_unique<TextDataset>(bytes, 0, train_len, context,
-                                               spec.max_train());
-  splits.test = std::make_unique<TextDataset>(bytes, valid_end, test_len,
-                                              context, spec.max_test());
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes->data());
+  splits.train = std::make_unique<WindowDataset>(bytes, data, 1, 0, train_len,
+                                                 context, spec.max_train());
+  splits.test = std::make_unique<WindowDataset>(
+      bytes, data, 1, valid_end, test_len, context, spec.max_test());
   return splits;
 }
 
@@ -174,14 +177,6 @@ absl::StatusOr<DataSplits> LoadSyntheticText(const DataSpec& spec,
 
 namespace {
 
-// Token i of a little-endian uint16 / uint32 stream.
-inline int64_t TokenAt(const unsigned char* base, int64_t i, int width) {
-  const unsigned char* p = base + i * width;
-  if (width == 2) return int64_t{p[0]} | (int64_t{p[1]} << 8);
-  return int64_t{p[0]} | (int64_t{p[1]} << 8) | (int64_t{p[2]} << 16) |
-         (int64_t{p[3]} << 24);
-}
-
 // The largest of n little-endian tokens of type T: one pass, vectorised on
 // a little-endian machine (the bytes are the values).
 template <typename T>
@@ -200,37 +195,6 @@ int64_t LargestToken(const unsigned char* base, int64_t n) {
 #endif
   return static_cast<int64_t>(largest);
 }
-
-// Windows of a slice [begin, begin + length) of a mapped token file: sample
-// i is the window at i * context of context + 1 tokens, as TextDataset.
-class TokenDataset : public Dataset {
- public:
-  TokenDataset(std::shared_ptr<const MappedFile> file, int width, int64_t begin,
-               int64_t length, int64_t context, int64_t cap)
-      : file_(std::move(file)),
-        width_(width),
-        begin_(begin),
-        context_(context),
-        size_(Capped((length - 1) / context, cap)) {}
-
-  int64_t size() const override { return size_; }
-
-  std::pair<torch::Tensor, torch::Tensor> Gather(
-      const std::vector<int64_t>& indices) const override {
-    const unsigned char* base = file_->data() + begin_ * width_;
-    const int width = width_;
-    return GatherWindows(
-        indices, size_, context_, "token",
-        [base, width](int64_t j) { return TokenAt(base, j, width); });
-  }
-
- private:
-  std::shared_ptr<const MappedFile> file_;
-  int width_;
-  int64_t begin_;  // In tokens.
-  int64_t context_;
-  int64_t size_;
-};
 
 // Maps a token file and checks, in one pass, that it holds whole tokens all
 // below the vocabulary size.
@@ -321,10 +285,11 @@ absl::StatusOr<DataSplits> LoadTokenFile(const DataSpec& spec,
   splits.shape.is_text = true;
   splits.shape.classes = spec.vocab_size();
   splits.shape.context = context;
-  splits.train = std::make_unique<TokenDataset>(train, width, 0, train_len,
-                                                context, spec.max_train());
-  splits.test = std::make_unique<TokenDataset>(
-      test, width, test_begin, test_len, context, spec.max_test());
+  splits.train = std::make_unique<WindowDataset>(
+      train, train->data(), width, 0, train_len, context, spec.max_train());
+  splits.test =
+      std::make_unique<WindowDataset>(test, test->data(), width, test_begin,
+                                      test_len, context, spec.max_test());
   return splits;
 }
 

@@ -64,6 +64,18 @@ grpc::Status Register(const std::string& coordinator, const std::string& token,
   return stub->Register(&ctx, req, &resp);
 }
 
+// The membership service of a coordinator started with
+// --coordinator-port-file `port_file`, once it wrote the file (empty: not
+// within two minutes).
+std::string MembershipAddress(const std::string& port_file) {
+  int port = 0;
+  if (!WaitFor([&] { return (std::ifstream(port_file) >> port).good(); },
+               120)) {
+    return "";
+  }
+  return "127.0.0.1:" + std::to_string(port);
+}
+
 bool LogHas(const std::string& path, const std::string& what) {
   return ReadFile(path).find(what) != std::string::npos;
 }
@@ -153,11 +165,8 @@ TEST(Elastic, JoinFailureAndLeaveMidRunEndBitwiseOnTheSingleChain) {
                   "--coordinator_host", "127.0.0.1", "--coordinator_port_file",
                   port_file, "--out", out, "--quiet", "--metrics-port=0"},
                  dir + "/cli.log");
-  int port = 0;
-  ASSERT_TRUE(
-      WaitFor([&] { return (std::ifstream(port_file) >> port).good(); }, 120))
-      << ReadFile(cli.log);
-  const std::string coordinator = "127.0.0.1:" + std::to_string(port);
+  const std::string coordinator = MembershipAddress(port_file);
+  ASSERT_FALSE(coordinator.empty()) << ReadFile(cli.log);
   // The coordinator's /metrics, on the free port it picked and logged.
   const int metrics_port = LoggedMetricsPort(cli.log, 30);
   ASSERT_GT(metrics_port, 0) << ReadFile(cli.log);
@@ -337,11 +346,8 @@ TEST(Elastic, ALocalClustersMembershipServiceNeedsItsToken) {
        "--coordinator-port", "0", "--coordinator-port-file", port_file,
        "--steps", "100000", "--quiet"},
       dir + "/cli.log");
-  int port = 0;
-  ASSERT_TRUE(
-      WaitFor([&] { return (std::ifstream(port_file) >> port).good(); }, 120))
-      << ReadFile(cli.log);
-  const std::string coordinator = "127.0.0.1:" + std::to_string(port);
+  const std::string coordinator = MembershipAddress(port_file);
+  ASSERT_FALSE(coordinator.empty()) << ReadFile(cli.log);
   grpc::Status s = Register(coordinator, "", 1, "127.0.0.1:1");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
       << s.error_message();
