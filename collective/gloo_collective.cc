@@ -7,15 +7,18 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace interlock {
 namespace {
@@ -47,6 +50,75 @@ absl::Status GroupError(const std::string& group, const std::string& what,
   }
   return absl::UnavailableError(text);
 }
+
+// c10d's Store over our KeyValueClient. Waits poll Check every 5 ms until
+// the timeout: a rendezvous waits a few times per group, so polling costs
+// milliseconds, and the store's server stays a plain unary service. Errors
+// are exceptions, as c10d expects of a store.
+class ClientStore : public c10d::Store {
+ public:
+  ClientStore(std::shared_ptr<KeyValueClient> client,
+              std::chrono::milliseconds timeout)
+      : Store(timeout), client_(std::move(client)) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    Ok(client_->Set(key, Text(value)));
+  }
+  std::vector<uint8_t> compareSet(
+      const std::string& key, const std::vector<uint8_t>& expected,
+      const std::vector<uint8_t>& desired) override {
+    return Bytes(Ok(client_->CompareSet(key, Text(expected), Text(desired))));
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    wait({key});
+    std::optional<std::string> v = Ok(client_->Get(key));
+    if (!v) throw std::runtime_error("rendezvous store: " + key + " vanished");
+    return Bytes(*v);
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    return Ok(client_->Add(key, value));
+  }
+  bool deleteKey(const std::string& key) override {
+    return Ok(client_->Delete(key));
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return Ok(client_->Check(keys));
+  }
+  int64_t getNumKeys() override { return Ok(client_->NumKeys()); }
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, timeout_);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    const auto bound = timeout == kNoTimeout ? timeout_ : timeout;
+    const auto until = std::chrono::steady_clock::now() + bound;
+    while (!check(keys)) {
+      if (std::chrono::steady_clock::now() >= until) {
+        throw std::runtime_error(absl::StrCat("rendezvous store: wait for ",
+                                              keys.size(), " keys timed out"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+ private:
+  static std::string Text(const std::vector<uint8_t>& v) {
+    return std::string(v.begin(), v.end());
+  }
+  static std::vector<uint8_t> Bytes(const std::string& s) {
+    return std::vector<uint8_t>(s.begin(), s.end());
+  }
+  static void Ok(const absl::Status& s) {
+    if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+  }
+  template <typename T>
+  static T Ok(absl::StatusOr<T> r) {
+    Ok(r.status());
+    return *std::move(r);
+  }
+
+  const std::shared_ptr<KeyValueClient> client_;
+};
 
 class GlooCollective : public Collective {
  public:
@@ -170,9 +242,9 @@ absl::StatusOr<std::shared_ptr<Collective>> ConnectGloo(const GlooOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": empty prefix (groups would share keys)"));
   }
-  if (o.store_host.empty() || o.store_port < 1 || o.store_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": store address '", o.store_host, ":", o.store_port, "'"));
+  if (!o.store) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": no rendezvous store"));
   }
   if (o.timeout <= absl::ZeroDuration() ||
       o.rendezvous_timeout <= absl::ZeroDuration()) {
@@ -182,13 +254,8 @@ absl::StatusOr<std::shared_ptr<Collective>> ConnectGloo(const GlooOptions& o) {
   const std::chrono::milliseconds timeout = Millis(o.timeout);
   const std::chrono::milliseconds rendezvous = Millis(o.rendezvous_timeout);
   try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<std::uint16_t>(o.store_port);
-    so.isServer = false;
-    so.waitWorkers = false;
-    so.timeout = rendezvous;
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(o.store_host, so);
-    auto store = c10::make_intrusive<c10d::PrefixStore>(o.prefix, tcp);
+    auto client = c10::make_intrusive<ClientStore>(o.store, rendezvous);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(o.prefix, client);
     // The group's timeout bounds its rendezvous; each reduction passes its
     // own (GlooCollective).
     auto options = c10d::ProcessGroupGloo::Options::create(rendezvous);
@@ -203,42 +270,6 @@ absl::StatusOr<std::shared_ptr<Collective>> ConnectGloo(const GlooOptions& o) {
         new GlooCollective(name, std::move(pg), o.rank, o.size, timeout));
   } catch (...) {
     return GroupError(name, "connect", CurrentExceptionMessage());
-  }
-}
-
-struct StoreServer::Impl {
-  c10::intrusive_ptr<c10d::TCPStore> store;
-};
-
-StoreServer::StoreServer(std::unique_ptr<Impl> impl, int port)
-    : impl_(std::move(impl)), port_(port) {}
-
-StoreServer::~StoreServer() = default;
-
-absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(
-    const std::string& host, int port) {
-  if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("store server: port ", port, " outside [0, 65535]"));
-  }
-  try {
-    c10d::TCPStoreOptions so;
-    // 0 works in LibTorch 1.13: the server binds an ephemeral port and
-    // getPort() reports it.
-    so.port = static_cast<std::uint16_t>(port);
-    so.isServer = true;
-    so.waitWorkers = false;  // members come and go with the membership
-    // Two servers in one process on one explicit port share a listener
-    // instead of failing (port 0 always gets a fresh one).
-    so.multiTenant = true;
-    auto impl = std::make_unique<Impl>();
-    impl->store = c10::make_intrusive<c10d::TCPStore>(host, so);
-    const int bound = impl->store->getPort();
-    return std::unique_ptr<StoreServer>(
-        new StoreServer(std::move(impl), bound));
-  } catch (...) {
-    return absl::UnavailableError(absl::StrCat(
-        "store server on ", host, ":", port, ": ", CurrentExceptionMessage()));
   }
 }
 

@@ -1,7 +1,7 @@
 // The Collective of a block's replicas over LibTorch's c10d Gloo process
-// group, with a TCPStore rendezvous (ARCHITECTURE: replicas). c10d and Gloo
-// types stay in gloo_collective.cc: including this header needs no Gloo
-// headers.
+// group, with our rendezvous store (services/key_value_store.h, served over
+// gRPC by rpc/rendezvous.h; ARCHITECTURE: replicas). c10d and Gloo types
+// stay in gloo_collective.cc: including this header needs no Gloo headers.
 #ifndef INTERLOCK_COLLECTIVE_GLOO_COLLECTIVE_H_
 #define INTERLOCK_COLLECTIVE_GLOO_COLLECTIVE_H_
 
@@ -11,13 +11,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "services/collective.h"
+#include "services/key_value_store.h"
 
 namespace interlock {
 
 struct GlooOptions {
-  // Where the rendezvous store (a StoreServer) listens.
-  std::string store_host;
-  int store_port = 0;
+  // The rendezvous store the members exchange their addresses through.
+  std::shared_ptr<KeyValueClient> store;
   // Namespace of this group's keys in the store: one per block and
   // membership generation, so groups never read each other's addresses.
   std::string prefix;
@@ -48,29 +48,6 @@ struct GlooOptions {
 // Gloo's own timeouts).
 absl::StatusOr<std::shared_ptr<Collective>> ConnectGloo(
     const GlooOptions& options);
-
-// The rendezvous store: a c10d TCPStore server. It serves every group whose
-// members point at it; groups keep apart by their prefixes.
-class StoreServer {
- public:
-  // `port` 0 picks a free port (see port()). LibTorch 1.13's server listens
-  // on every interface whatever `host` says; `host` is the address its own
-  // client connects to. The store has no authentication: keep its port on a
-  // trusted network.
-  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(
-      const std::string& host, int port);
-  ~StoreServer();
-  StoreServer(const StoreServer&) = delete;
-  StoreServer& operator=(const StoreServer&) = delete;
-
-  int port() const { return port_; }
-
- private:
-  struct Impl;
-  StoreServer(std::unique_ptr<Impl> impl, int port);
-  std::unique_ptr<Impl> impl_;
-  int port_;
-};
 
 }  // namespace interlock
 

@@ -45,20 +45,23 @@ ChainLinks::ChainLinks(const v1::RunConfig& config, const DataShape& shape,
 absl::Status ChainLinks::Init(const Topology& workers) {
   const int k_blocks = static_cast<int>(workers.size());
   ASSIGN_OR_RETURN(max_bytes_, codec_.MaxMessageBytes(config_, shape_));
-  // A scripted model's files travel with Configure, each block's to its
-  // workers, so the run's messages must hold the largest set.
+  // A scripted model's files, each block's sent to its workers before
+  // Configure (PutModelFile, in chunks: no message holds a whole file).
   model_files_.clear();
   for (int k = 0; k < k_blocks; ++k) {
     ASSIGN_OR_RETURN(auto files, ScriptedFilesOfBlock(config_.model(), k));
-    int64_t bytes = 0;
-    for (const auto& f : files) bytes += f.bytes.size() + 256;
-    max_bytes_ = std::max(max_bytes_, bytes + (int64_t{1} << 20));
     model_files_.push_back(std::move(files));
   }
   run_id_ = NewRunId();
   SetTopology(workers);
   steps_done_.assign(k_blocks, 0);
   return absl::OkStatus();
+}
+
+std::shared_ptr<WorkerClient> ChainLinks::NewClient(
+    const std::string& label, const std::string& address) const {
+  return std::make_shared<WorkerClient>(label, address, max_bytes_,
+                                        options_.security);
 }
 
 void ChainLinks::SetTopology(const Topology& t) {
@@ -138,14 +141,20 @@ absl::Status ChainLinks::Connect(absl::Duration timeout, bool parallel,
     req.set_max_message_bytes(max_bytes_);
     req.set_window(options_.window);
     if (restore.count(workers_[k][r])) req.set_restore_step(restore_step);
+    // At the start, wait for a worker still coming up; in a recovery a
+    // worker that is gone again fails the attempt at once (it is retried).
+    // A scripted model's files go first, in chunks; Configure names them.
     for (const auto& f : model_files_[k]) {
+      results[i] = peers_[k][r]->PutModelFile(
+          f.name, f.sha256, f.bytes,
+          absl::Now() + options_.rpc_deadline +
+              absl::Seconds(static_cast<int64_t>(f.bytes.size() >> 20)),
+          /*wait_for_ready=*/generation_ == 1);
+      if (!results[i].ok()) return;
       v1::ModelFile* m = req.add_model_files();
       m->set_name(f.name);
       m->set_sha256(f.sha256);
-      m->set_data(f.bytes);
     }
-    // At the start, wait for a worker still coming up; in a recovery a
-    // worker that is gone again fails the attempt at once (it is retried).
     auto configured =
         peers_[k][r]->Configure(req, absl::Now() + options_.rpc_deadline,
                                 /*wait_for_ready=*/generation_ == 1);

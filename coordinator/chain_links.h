@@ -54,6 +54,11 @@ class ChainLinks {
   // The topology in force: a client for each of its workers.
   void SetTopology(const Topology& t);
   WorkerClient& peer(int block, int replica) { return *peers_[block][replica]; }
+  // A client of its own for `address`, usable after the topology changed.
+  std::shared_ptr<WorkerClient> NewClient(const std::string& label,
+                                          const std::string& address) const;
+  // Block k's stream key of the generation in force.
+  const std::string& stream_key(int block) const { return stream_keys_[block]; }
   const std::vector<std::vector<std::unique_ptr<WorkerClient>>>& peers() const {
     return peers_;
   }

@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "plan/replica_routes.h"
 #include "plan/status_macros.h"
+#include "rpc/rendezvous.h"
+#include "rpc/status.h"
+#include "services/logging.h"
 
 namespace interlock {
 
@@ -20,8 +25,10 @@ absl::Status ChainMembership::Start() {
 
 absl::Status ChainMembership::StartStore() {
   store_.reset();
-  ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.collective_host,
-                                              options_.collective_port));
+  // Served with the run's token and TLS, as the membership service.
+  ASSIGN_OR_RETURN(store_, RendezvousServer::Start(options_.collective_host,
+                                                   options_.collective_port,
+                                                   options_.server_security));
   links_->set_collective_address(
       absl::StrCat(options_.collective_host, ":", store_->port()));
   return absl::OkStatus();
@@ -31,6 +38,35 @@ void ChainMembership::Publish() {
   if (options_.membership) {
     options_.membership->SetTopology(links_->run_id(), links_->workers(),
                                      links_->generation(), links_->instances());
+  }
+}
+
+ChainMembership::~ChainMembership() { gone_->store(true); }
+
+void ChainMembership::TellDropped(
+    const std::vector<std::pair<int, std::string>>& dropped,
+    const std::vector<std::string>& keys) {
+  for (const auto& [block, address] : dropped) {
+    v1::ReleaseRequest request;
+    request.set_run_id(links_->run_id());
+    request.set_generation(links_->generation());
+    request.set_stream_key(keys[block]);
+    std::thread([client = links_->NewClient(
+                     absl::StrCat("dropped worker ", block), address),
+                 request, gone = gone_] {
+      const absl::Time until = absl::Now() + absl::Minutes(10);
+      while (!gone->load() && absl::Now() < until) {
+        absl::Status s =
+            client->Release(request, absl::Now() + absl::Seconds(2));
+        if (s.ok()) {
+          LOG(INFO) << client->label() << " (" << client->address()
+                    << ") was told it is no longer in the run";
+          return;
+        }
+        if (!IsTransient(s)) return;  // restarted, or another run's now
+        absl::SleepFor(absl::Seconds(1));
+      }
+    }).detach();
   }
 }
 
@@ -129,11 +165,20 @@ absl::StatusOr<int64_t> ChainMembership::FailOver(int64_t accounted) {
           absl::StrCat("block ", k, " has no replica to fail over to"));
     }
   }
+  std::vector<std::pair<int, std::string>> dropped;
+  for (const auto& c : changes) dropped.emplace_back(c.block, c.address);
+  std::vector<std::string> keys;
+  for (int k = 0; k < static_cast<int>(now.size()); ++k) {
+    keys.push_back(links_->stream_key(k));
+  }
   // Every survivor continues from its own snapshot at the boundary every
   // block passed; one that has none fails the reconfiguration, and the run
   // falls back to its checkpoint.
   RETURN_IF_ERROR(
       Reconfigure(next, from, std::vector<std::string>(), std::move(changes)));
+  // A dropped worker that was only hung wakes to a run without it: it is
+  // told so, and registers again or exits (worker/main.cc).
+  TellDropped(dropped, keys);
   return from;
 }
 

@@ -6,16 +6,17 @@
 #ifndef INTERLOCK_COORDINATOR_CHAIN_MEMBERSHIP_H_
 #define INTERLOCK_COORDINATOR_CHAIN_MEMBERSHIP_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "collective/gloo_collective.h"
 #include "coordinator/chain_links.h"
 #include "coordinator/cluster_engine.h"
 #include "coordinator/membership.h"
+#include "rpc/rendezvous.h"
 
 namespace interlock {
 
@@ -23,6 +24,7 @@ class ChainMembership {
  public:
   ChainMembership(ChainLinks* links, const ClusterOptions& options)
       : links_(links), options_(options) {}
+  ~ChainMembership();
 
   // With a membership service or replicas: starts the rendezvous store and
   // has every worker keep step-boundary snapshots. Before the first Connect.
@@ -54,11 +56,21 @@ class ChainMembership {
                            std::vector<MemberChange> changes,
                            absl::Duration saved = absl::ZeroDuration());
 
+  // Tells each worker of `dropped` (block, address) that the generation in
+  // force left it out, from a thread of its own that retries while the
+  // worker does not answer (a hung one may wake much later), for up to
+  // ten minutes or until this object goes.
+  void TellDropped(const std::vector<std::pair<int, std::string>>& dropped,
+                   const std::vector<std::string>& keys);
+
   ChainLinks* const links_;
   const ClusterOptions& options_;
+  // Set when this object goes: the TellDropped threads stop.
+  std::shared_ptr<std::atomic<bool>> gone_ =
+      std::make_shared<std::atomic<bool>>(false);
   bool elastic_ = false;
   // The rendezvous store of the reduction groups (elastic runs only).
-  std::unique_ptr<StoreServer> store_;
+  std::unique_ptr<RendezvousServer> store_;
   std::vector<TopologyEvent> history_;
 };
 

@@ -75,8 +75,9 @@ ABSL_FLAG(std::string, coordinator_port_file, "",
           "it listens");
 ABSL_FLAG(std::string, collective_host, "",
           "cluster with replicas: the address of this machine the workers "
-          "reach the reduction rendezvous store at (empty: 127.0.0.1 for a "
-          "local cluster, the host name for --workers)");
+          "reach the reduction rendezvous store at, with the run's token "
+          "(empty: 127.0.0.1 when every worker is on loopback, else the "
+          "host name)");
 ABSL_FLAG(int, collective_port, 0,
           "cluster with replicas: the port of the reduction rendezvous store "
           "(0: any free one; fix it where a firewall or a Kubernetes Service "
@@ -181,8 +182,15 @@ ABSL_FLAG(double, temperature, 1.0,
           "byte every time)");
 ABSL_FLAG(int, top_k, 0,
           "generate: sample among the K most likely bytes only (0: all)");
-ABSL_FLAG(int64_t, first, 0, "predict: the first test sample to label");
-ABSL_FLAG(int64_t, count, 10, "predict: how many test samples to label");
+ABSL_FLAG(std::string, prompt_ids, "",
+          "generate: token ids to continue, space- or comma-separated (a "
+          "model of any vocabulary; prints ids)");
+ABSL_FLAG(std::string, input, "",
+          "predict: label the samples of this file instead of the test "
+          "split: a .npy array (one sample or N), an image (.png, .jpg) or a "
+          "folder of images, prepared as the run's data");
+ABSL_FLAG(int64_t, first, 0, "predict: the first sample to label");
+ABSL_FLAG(int64_t, count, 10, "predict: how many samples to label");
 ABSL_FLAG(std::string, profile_ops, "",
           "train, in process, sequential schedule: write the time per LibTorch "
           "operation of ten steady steps (after calibration) to this file "
@@ -233,10 +241,11 @@ const char kUsage[] =
     "[--token-file F]\n"
     "  interlock eval --run OUT | --checkpoint DIR [--config FILE (its data)] "
     "[--token-file F]\n"
-    "  interlock predict --run OUT | --checkpoint DIR [--config FILE] "
-    "[--exit K] [--first I] [--count N]\n"
-    "  interlock generate --run OUT | --checkpoint DIR --prompt TEXT "
-    "[--exit K] [--tokens N] [--temperature T] [--top-k K] [--seed S]";
+    "  interlock predict --run OUT | --checkpoint DIR [--config FILE | "
+    "--input FILE|DIR] [--exit K] [--first I] [--count N]\n"
+    "  interlock generate --run OUT | --checkpoint DIR --prompt TEXT | "
+    "--prompt-ids 'I J ...' [--exit K] [--tokens N] [--temperature T] [--top-k "
+    "K] [--seed S]";
 
 int Fail(const std::string& message, int code) {
   std::cerr << "interlock: error: " << message << "\n";

@@ -54,6 +54,8 @@ ABSL_DECLARE_FLAG(double, temperature);
 ABSL_DECLARE_FLAG(int, top_k);
 ABSL_DECLARE_FLAG(int64_t, first);
 ABSL_DECLARE_FLAG(int64_t, count);
+ABSL_DECLARE_FLAG(std::string, input);
+ABSL_DECLARE_FLAG(std::string, prompt_ids);
 
 namespace interlock {
 namespace cli {

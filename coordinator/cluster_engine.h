@@ -42,6 +42,9 @@ struct ClusterOptions {
   absl::Duration stall_timeout = absl::Seconds(600);
   // Bearer token and TLS for every call to the workers.
   TransportSecurity security;
+  // Token and TLS the coordinator's own services (membership, rendezvous
+  // store) require of their callers.
+  TransportSecurity server_security;
   // Recover() calls this first: restart workers that died (a local cluster
   // restarts its processes on the same ports; elsewhere an orchestrator
   // does, and this stays empty).

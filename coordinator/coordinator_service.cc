@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "plan/status_macros.h"
 #include "rpc/channel.h"
 #include "rpc/status.h"
 #include "rpc/worker_client.h"
@@ -23,10 +24,14 @@ constexpr absl::Duration kIdentifyDeadline = absl::Seconds(2);
 
 class CoordinatorServer::Service : public v1::Coordinator::CallbackService {
  public:
-  Service(Membership* membership, std::string token, TransportSecurity client)
+  // `authenticated`: callers proved themselves (a token or mutual TLS);
+  // only then does Register tell a joiner the run's id and generation.
+  Service(Membership* membership, std::string token, TransportSecurity client,
+          bool authenticated)
       : membership_(membership),
         token_(std::move(token)),
-        client_(std::move(client)) {}
+        client_(std::move(client)),
+        authenticated_(authenticated) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* request,
@@ -45,7 +50,7 @@ class CoordinatorServer::Service : public v1::Coordinator::CallbackService {
     // Who answers at the address, asked off the reactor (a call to a
     // worker that does not answer takes up to its deadline).
     std::thread([membership = membership_, client = client_, reactor, response,
-                 req = *request] {
+                 req = *request, reveal = authenticated_] {
       WorkerClient probe("registering worker", req.address(), 1 << 20, client);
       absl::StatusOr<std::string> id =
           probe.Identify(absl::Now() + kIdentifyDeadline);
@@ -58,7 +63,7 @@ class CoordinatorServer::Service : public v1::Coordinator::CallbackService {
       } else {
         auto r = membership->Register(req.block(), req.address(),
                                       req.config_sha256(), *id);
-        if (r.ok()) {
+        if (r.ok() && reveal) {
           response->set_run_id(r->run_id);
           response->set_generation(r->generation);
         }
@@ -102,26 +107,19 @@ class CoordinatorServer::Service : public v1::Coordinator::CallbackService {
   Membership* const membership_;
   const std::string token_;
   const TransportSecurity client_;
+  const bool authenticated_;
 };
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const std::string& host, int port, const TransportSecurity& security,
     const TransportSecurity& client, Membership* membership) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
-  s->service_ = std::make_unique<Service>(membership, security.token, client);
-  grpc::ServerBuilder builder;
-  ConfigureServerBuilder(builder, 1 << 20);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  const std::string address = GrpcAddress(host, port);
-  builder.AddListeningPort(address, ServerCredentialsFor(security), &s->port_);
-  builder.RegisterService(s->service_.get());
-  s->server_ = builder.BuildAndStart();
-  if (!s->server_ || s->port_ == 0) {
-    s->server_.reset();
-    return absl::UnavailableError(absl::StrCat(
-        "--coordinator_port: cannot listen on ", address,
-        " (the port is in use, or the address is not one of this machine's)"));
-  }
+  s->service_ = std::make_unique<Service>(
+      membership, security.token, client,
+      !security.token.empty() || !security.ca_pem.empty());
+  ASSIGN_OR_RETURN(s->server_,
+                   StartServer(s->service_.get(), host, port, security, 1 << 20,
+                               "--coordinator_port", &s->port_));
   return s;
 }
 

@@ -9,6 +9,7 @@
 #include "coordinator/inprocess_engine.h"
 #include "plan/status_macros.h"
 #include "plan/topology.h"
+#include "rpc/channel.h"
 #include "services/config.h"
 #include "services/device.h"
 #include "services/logging.h"
@@ -43,8 +44,18 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
   co.workers = options.workers;
   co.collective_host = options.collective_host;
   if (co.collective_host.empty()) {
+    // Where the workers can reach this process: loopback when they all
+    // live on this machine's loopback, else its host name.
+    bool remote = false;
+    for (const auto& block : options.workers) {
+      for (const auto& a : block) {
+        const size_t colon = a.rfind(':');
+        remote |= !IsLoopbackHost(Unbracketed(
+            a.substr(0, colon == std::string::npos ? a.size() : colon)));
+      }
+    }
     char name[256] = {0};
-    if (!options.workers.empty() && gethostname(name, sizeof(name) - 1) == 0) {
+    if (remote && gethostname(name, sizeof(name) - 1) == 0) {
       co.collective_host = name;
     } else {
       co.collective_host = "127.0.0.1";
@@ -122,6 +133,24 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
       }
     };
   }
+  // The membership service and the rendezvous store answer with the
+  // run's token; a local cluster's ask for the token its workers have:
+  // neither tells anyone else the run's id, nor lets them write its keys.
+  ASSIGN_OR_RETURN(co.server_security,
+                   LoadTransportSecurity(options.security, /*server=*/true));
+  if (run->local_ && co.server_security.token.empty()) {
+    co.server_security.token = co.security.token;
+  }
+  if ((Replicated(replicas) || options.coordinator_port >= 0) &&
+      !options.insecure && !IsLoopbackHost(co.collective_host) &&
+      co.server_security.token.empty() && co.server_security.ca_pem.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--collective-host ", co.collective_host,
+        " is not a loopback address and the run has no --token-file or "
+        "mutual TLS: anyone who reaches the replicas' rendezvous store could "
+        "read and write its keys; give it --token-file (or --tls-cert, "
+        "--tls-key and --tls-ca), or pass --insecure on a network you trust"));
+  }
   if (options.coordinator_port >= 0) {
     run->membership_ = std::make_unique<Membership>(
         k, config.training().microbatches(), ModelFingerprint(config));
@@ -129,17 +158,11 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
       run->membership_->set_on_refused(
           [metrics](const std::string& reason) { metrics->OnRefused(reason); });
     }
-    ASSIGN_OR_RETURN(TransportSecurity server_security,
-                     LoadTransportSecurity(options.security, /*server=*/true));
-    // A local cluster's membership service asks for the token its workers
-    // have: Register answers the run's id and generation to no one else.
-    if (run->local_ && server_security.token.empty()) {
-      server_security.token = co.security.token;
-    }
-    ASSIGN_OR_RETURN(run->coordinator_,
-                     CoordinatorServer::Start(
-                         options.coordinator_host, options.coordinator_port,
-                         server_security, co.security, run->membership_.get()));
+    ASSIGN_OR_RETURN(
+        run->coordinator_,
+        CoordinatorServer::Start(options.coordinator_host,
+                                 options.coordinator_port, co.server_security,
+                                 co.security, run->membership_.get()));
     LOG(INFO) << "membership service on " << options.coordinator_host << ":"
               << run->coordinator_->port()
               << (options.insecure ? " (--insecure)" : "");

@@ -94,7 +94,14 @@ absl::Status ExportRun(const ExportOptions& o, std::ostream& log) {
   out.set_weights("weights.pt");
 
   if (config.model().has_scripted()) {
-    ASSIGN_OR_RETURN(auto written, WriteScriptedNetworks(modules, o.to));
+    NetworkInfo info;
+    info.input_shape.assign(out.input_shape().begin(), out.input_shape().end());
+    info.input_dtype = out.input_dtype();
+    info.mean.assign(out.mean().begin(), out.mean().end());
+    info.std.assign(out.std().begin(), out.std().end());
+    info.class_names.assign(out.class_names().begin(), out.class_names().end());
+    info.language_model = out.language_model();
+    ASSIGN_OR_RETURN(auto written, WriteScriptedNetworks(modules, info, o.to));
     for (const auto& [file, exit_block] : written) {
       auto* n = out.add_networks();
       n->set_file(file);

@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <memory>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "coordinator/engine_factory.h"
 #include "coordinator/evaluation.h"
 #include "plan/status_macros.h"
 #include "services/config.h"
+#include "services/data_info.h"
 #include "services/models.h"
 #include "services/torch_guard.h"
 
@@ -93,30 +96,57 @@ absl::StatusOr<std::vector<Prediction>> Predict(const PredictOptions& o) {
         "predict labels a classifier's inputs; a language model samples "
         "text with `interlock generate`");
   }
-  const int64_t n = m.data.test->size();
+  std::vector<std::string> names;  // of the file's samples
+  torch::Tensor inputs;
+  if (!o.input.empty()) {
+    ASSIGN_OR_RETURN(inputs, TorchGuard("predict", [&] {
+                       return ReadInputs(o.input, m.config.data(), m.data.shape,
+                                         &names);
+                     }));
+  }
+  const int64_t n = o.input.empty() ? m.data.test->size() : inputs.size(0);
   if (o.first < 0 || o.count < 1 || o.first >= n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--first ", o.first, " --count ", o.count,
-                     ": the test split has ", n, " samples"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--first ", o.first, " --count ", o.count, ": ",
+        o.input.empty() ? "the test split" : o.input, " has ", n, " samples"));
   }
   std::vector<int64_t> indices;
   for (int64_t i = o.first; i < std::min(n, o.first + o.count); ++i) {
     indices.push_back(i);
   }
-  return TorchGuard(
-      "predict", [&]() -> absl::StatusOr<std::vector<Prediction>> {
-        auto [x, y] = m.data.test->Gather(indices);
-        const torch::Tensor p =
-            torch::softmax(ExitLogits(m, o.exit_block, x), -1);
-        const auto [prob, label] = p.max(-1);
-        std::vector<Prediction> out;
-        for (size_t i = 0; i < indices.size(); ++i) {
-          const int64_t j = static_cast<int64_t>(i);
-          out.push_back({indices[i], label[j].item<int64_t>(),
-                         prob[j].item<double>(), y[j].item<int64_t>()});
-        }
-        return out;
-      });
+  std::vector<std::string> classes = DataInfoOf(m.config.data()).class_names;
+  if (classes.empty() && m.config.model().has_scripted()) {
+    const auto& declared = m.config.model().scripted().model().class_names();
+    classes.assign(declared.begin(), declared.end());
+  }
+  return TorchGuard("predict",
+                    [&]() -> absl::StatusOr<std::vector<Prediction>> {
+                      torch::Tensor x, y;
+                      if (o.input.empty()) {
+                        std::tie(x, y) = m.data.test->Gather(indices);
+                      } else {
+                        x = inputs.narrow(0, indices.front(),
+                                          static_cast<int64_t>(indices.size()));
+                      }
+                      const torch::Tensor p =
+                          torch::softmax(ExitLogits(m, o.exit_block, x), -1);
+                      const auto [prob, label] = p.max(-1);
+                      std::vector<Prediction> out;
+                      for (size_t i = 0; i < indices.size(); ++i) {
+                        const int64_t j = static_cast<int64_t>(i);
+                        Prediction r;
+                        r.index = indices[i];
+                        if (!names.empty()) r.name = names[indices[i]];
+                        r.label = label[j].item<int64_t>();
+                        if (r.label < static_cast<int64_t>(classes.size())) {
+                          r.label_name = classes[r.label];
+                        }
+                        r.probability = prob[j].item<double>();
+                        if (y.defined()) r.target = y[j].item<int64_t>();
+                        out.push_back(std::move(r));
+                      }
+                      return out;
+                    });
 }
 
 absl::StatusOr<std::string> Generate(const GenerateOptions& o) {
@@ -127,8 +157,10 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& o) {
         "generate samples a language model; this run trained a classifier "
         "(use `interlock predict`)");
   }
-  if (o.prompt.empty()) {
-    return absl::InvalidArgumentError("--prompt: empty");
+  const bool ids = !o.prompt_ids.empty();
+  if (o.prompt.empty() == !ids) {
+    return absl::InvalidArgumentError(
+        "generate needs one of --prompt (text) and --prompt-ids (token ids)");
   }
   if (o.tokens < 1 || o.temperature < 0 || o.top_k < 0) {
     return absl::InvalidArgumentError(
@@ -136,25 +168,36 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& o) {
   }
   const int64_t context = m.data.shape.context;
   const int64_t vocab = m.data.shape.classes;
-  if (vocab != 256) {
+  std::vector<int64_t> tokens;
+  if (ids) {
+    for (int64_t t : o.prompt_ids) {
+      if (t < 0 || t >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--prompt-ids: ", t, " is not a token id of this model (0..",
+            vocab - 1, ")"));
+      }
+    }
+    tokens = o.prompt_ids;
+  } else if (vocab != 256) {
     // Prompts and output are bytes; a token file's ids have no text here.
     return absl::InvalidArgumentError(absl::StrCat(
-        "generate reads and writes bytes: it needs a byte-level model "
-        "(vocabulary 256), this one has ",
-        vocab, " tokens"));
+        "--prompt is text for a byte-level model (vocabulary 256); this one "
+        "has ",
+        vocab, " tokens: give --prompt-ids"));
+  } else {
+    for (char c : o.prompt) tokens.push_back(static_cast<unsigned char>(c));
   }
-  return TorchGuard("generate", [&]() -> absl::StatusOr<std::string> {
-    std::string text = o.prompt;
+  const bool whole_windows = m.config.model().has_scripted();
+  RETURN_IF_ERROR(TorchGuard("generate", [&]() -> absl::Status {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
     for (int i = 0; i < o.tokens; ++i) {
-      // The last `context` bytes; the model sees positions 0..n-1.
-      const size_t n = std::min<size_t>(text.size(), context);
-      std::vector<int64_t> ids;
-      for (size_t j = text.size() - n; j < text.size(); ++j) {
-        ids.push_back(static_cast<unsigned char>(text[j]));
-      }
-      torch::Tensor x =
-          torch::tensor(ids, torch::kInt64).view({1, static_cast<int64_t>(n)});
+      // The last `context` tokens; the model sees positions 0..n-1.
+      const int64_t n =
+          std::min<int64_t>(static_cast<int64_t>(tokens.size()), context);
+      std::vector<int64_t> window(tokens.end() - n, tokens.end());
+      if (whole_windows) window.resize(context, 0);
+      torch::Tensor x = torch::tensor(window, torch::kInt64)
+                            .view({1, static_cast<int64_t>(window.size())});
       torch::Tensor logits =
           ExitLogits(m, o.exit_block, x).select(1, n - 1).view({vocab});
       int64_t next = 0;
@@ -170,10 +213,14 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& o) {
                                   /*replacement=*/false, gen)
                    .item<int64_t>();
       }
-      text.push_back(static_cast<char>(next));
+      tokens.push_back(next);
     }
-    return text;
-  });
+    return absl::OkStatus();
+  }));
+  if (ids) return absl::StrJoin(tokens, " ");
+  std::string text;
+  for (int64_t t : tokens) text.push_back(static_cast<char>(t));
+  return text;
 }
 
 }  // namespace interlock

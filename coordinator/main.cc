@@ -17,8 +17,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "analysis/simulate.h"
 #include "coordinator/cli_flags.h"
 #include "coordinator/compare.h"
@@ -395,11 +398,21 @@ int RunPredict() {
   o.exit_block = absl::GetFlag(FLAGS_exit);
   o.first = absl::GetFlag(FLAGS_first);
   o.count = absl::GetFlag(FLAGS_count);
+  o.input = absl::GetFlag(FLAGS_input);
   auto r = interlock::Predict(o);
   if (!r.ok()) return Fail(std::string(r.status().message()), 1);
   for (const auto& p : *r) {
-    std::cout << absl::StrFormat("sample %d: class %d (p %.3f), target %d\n",
-                                 p.index, p.label, p.probability, p.target);
+    const std::string label =
+        p.label_name.empty() ? absl::StrCat(p.label)
+                             : absl::StrFormat("%d \"%s\"", p.label,
+                                               absl::CEscape(p.label_name));
+    if (p.name.empty()) {
+      std::cout << absl::StrFormat("sample %d: class %s (p %.3f), target %d\n",
+                                   p.index, label, p.probability, p.target);
+    } else {
+      std::cout << absl::StrFormat("%s: class %s (p %.3f)\n", p.name, label,
+                                   p.probability);
+    }
   }
   return 0;
 }
@@ -410,6 +423,15 @@ int RunGenerate() {
   int code = 0;
   if (!SourceFromFlags("generate", &o.source, &code)) return code;
   o.prompt = absl::GetFlag(FLAGS_prompt);
+  for (absl::string_view id :
+       absl::StrSplit(absl::GetFlag(FLAGS_prompt_ids), absl::ByAnyChar(" ,"),
+                      absl::SkipEmpty())) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(id, &v)) {
+      return Fail(absl::StrCat("--prompt-ids: '", id, "' is not a number"), 2);
+    }
+    o.prompt_ids.push_back(v);
+  }
   o.exit_block = absl::GetFlag(FLAGS_exit);
   o.tokens = absl::GetFlag(FLAGS_tokens);
   o.temperature = absl::GetFlag(FLAGS_temperature);

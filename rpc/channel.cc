@@ -82,6 +82,25 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder,
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
 }
 
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
+    grpc::Service* service, const std::string& host, int port,
+    const TransportSecurity& security, int64_t max_message_bytes,
+    const std::string& what, int* bound) {
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(builder, max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  const std::string address = GrpcAddress(host, port);
+  builder.AddListeningPort(address, ServerCredentialsFor(security), bound);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || *bound == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        what, ": cannot listen on ", address,
+        " (the port is in use, or the address is not one of this machine's)"));
+  }
+  return server;
+}
+
 std::string Unbracketed(const std::string& host) {
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     return host.substr(1, host.size() - 2);

@@ -50,6 +50,16 @@ absl::StatusOr<int> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
 void ConfigureServerBuilder(grpc::ServerBuilder& builder,
                             int64_t max_message_bytes);
 
+// A server of one `service` on host:`port` (0: a free one, written to
+// `*bound`) with ConfigureServerBuilder's limits and `security`'s
+// credentials; never sharing a port with another process (no
+// SO_REUSEPORT). UNAVAILABLE naming `what` and the address when it cannot
+// listen.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
+    grpc::Service* service, const std::string& host, int port,
+    const TransportSecurity& security, int64_t max_message_bytes,
+    const std::string& what, int* bound);
+
 }  // namespace interlock
 
 #endif  // INTERLOCK_RPC_CHANNEL_H_

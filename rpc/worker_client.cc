@@ -137,6 +137,42 @@ absl::Status WorkerClient::LoadState(const BlockStateArchive& header,
   return CallFailed(label_, "load_state", s);
 }
 
+absl::Status WorkerClient::PutModelFile(const std::string& name,
+                                        const std::string& sha256,
+                                        const std::string& bytes,
+                                        absl::Time deadline,
+                                        bool wait_for_ready) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  ctx.set_wait_for_ready(wait_for_ready);
+  v1::PutModelFileResponse response;
+  auto writer = stub_->PutModelFile(&ctx, &response);
+  // The header alone first: a worker that holds the file ends the call
+  // before the bytes are sent.
+  v1::ModelFileChunk chunk;
+  chunk.set_name(name);
+  chunk.set_sha256(sha256);
+  chunk.set_total_bytes(static_cast<int64_t>(bytes.size()));
+  bool open = writer->Write(chunk);
+  for (size_t offset = 0; open && offset < bytes.size();
+       offset += kDefaultStateChunkBytes) {
+    chunk.Clear();
+    chunk.set_data(bytes.substr(offset, kDefaultStateChunkBytes));
+    open = writer->Write(chunk);  // false: the call ended; Finish says why
+  }
+  writer->WritesDone();
+  return CallFailed(label_, "put_model_file", writer->Finish());
+}
+
+absl::Status WorkerClient::Release(const v1::ReleaseRequest& request,
+                                   absl::Time deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::ReleaseResponse response;
+  return CallFailed(label_, "release",
+                    stub_->Release(&ctx, request, &response));
+}
+
 std::function<void(const grpc::Status&)> WorkerClient::Holding(
     std::function<void(const grpc::Status&)> on_done) const {
   return [channel = channel_, stub = stub_, generic_stub = generic_stub_,

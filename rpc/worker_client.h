@@ -44,12 +44,21 @@ class WorkerClient {
   absl::StatusOr<interlock::v1::ConfigureResponse> Configure(
       const interlock::v1::ConfigureRequest& request, absl::Time deadline,
       bool wait_for_ready);
+  // Sends one of a scripted model's files ahead of Configure, in chunks;
+  // a worker that holds it already reads no further (no error).
+  absl::Status PutModelFile(const std::string& name, const std::string& sha256,
+                            const std::string& bytes, absl::Time deadline,
+                            bool wait_for_ready);
+  // Tells a worker the run left it out of `request.generation()`
+  // (WorkerCore::Release).
+  absl::Status Release(const interlock::v1::ReleaseRequest& request,
+                       absl::Time deadline);
+  // The worker process's instance id (Identify).
+  absl::StatusOr<std::string> Identify(absl::Time deadline);
   // A response of up to `max_bytes` is accepted (0: the largest message
   // of the run, as on every other call). A block's parameters can be
   // larger than any message its run sends; such a call goes over a
   // channel of its own.
-  // The worker process's instance id (Identify).
-  absl::StatusOr<std::string> Identify(absl::Time deadline);
   absl::StatusOr<interlock::v1::GetStateResponse> GetState(
       const interlock::v1::GetStateRequest& request, absl::Time deadline,
       int64_t max_bytes = 0);

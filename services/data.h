@@ -64,6 +64,18 @@ bool IsTextKind(interlock::v1::DataSpec::Kind kind);
 absl::StatusOr<DataSplits> LoadData(const interlock::v1::DataSpec& spec,
                                     int64_t text_context);
 
+// Inputs to label, as a run of `spec` with `shape` would read them: a .npy
+// file (one sample or [N, ...sample]; float32, float16 or uint8), an image
+// (.png, .jpg, .jpeg) or a folder of images (sorted by name; decoded,
+// cropped and resized as IMAGE_FOLDER does). Bytes are scaled to [0, 1];
+// then the data set's normalisation (DataInfoOf) is applied. `names` gets
+// one name per sample (the image's file name, or "PATH[i]"). Errors name
+// the file. Not for text.
+absl::StatusOr<torch::Tensor> ReadInputs(const std::string& path,
+                                         const interlock::v1::DataSpec& spec,
+                                         const DataShape& shape,
+                                         std::vector<std::string>* names);
+
 // Deterministic shuffling: the permutation of [0, n) for the given epoch of a
 // run with the given seed. Uses its own generator (SplitMix64 + Fisher-Yates)
 // so the order is the same on every platform and standard library.

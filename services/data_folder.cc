@@ -28,11 +28,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "plan/status_macros.h"
 #include "services/data.h"
+#include "services/data_info.h"
 #include "services/data_internal.h"
 
 namespace interlock {
@@ -479,4 +481,80 @@ absl::StatusOr<DataSplits> LoadImageFolder(const DataSpec& spec) {
 }
 
 }  // namespace data_internal
+
+absl::StatusOr<torch::Tensor> ReadInputs(const std::string& path,
+                                         const v1::DataSpec& spec,
+                                         const DataShape& shape,
+                                         std::vector<std::string>* names) {
+  using namespace data_internal;  // NOLINT
+  if (shape.is_text) {
+    return absl::InvalidArgumentError(
+        "inputs from a file are for classifiers, not language models");
+  }
+  std::vector<int64_t> sample = {shape.channels};
+  if (!shape.is_vector) {
+    sample.push_back(shape.height);
+    sample.push_back(shape.width);
+  }
+  std::error_code ec;
+  const bool dir = fs::is_directory(path, ec);
+  torch::Tensor x;
+  names->clear();
+  if (!dir && absl::EndsWith(absl::AsciiStrToLower(path), ".npy")) {
+    ASSIGN_OR_RETURN(x, ReadNpyInputs(path, sample));
+    for (int64_t i = 0; i < x.size(0); ++i) {
+      names->push_back(absl::StrCat(path, "[", i, "]"));
+    }
+  } else {
+    std::vector<std::string> files;
+    if (dir) {
+      ASSIGN_OR_RETURN(std::vector<std::string> listed,
+                       ListEntries(path, /*want_dirs=*/false));
+      if (listed.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": no .png, .jpg or .jpeg files"));
+      }
+      for (const auto& name : listed) files.push_back(JoinPath(path, name));
+    } else if (IsImageName(path)) {
+      RETURN_IF_ERROR(CheckExists(path, /*want_dir=*/false));
+      files.push_back(path);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          ": expected a .npy file, an image (.png, .jpg, .jpeg) or a "
+          "folder of images"));
+    }
+    if (shape.is_vector || (shape.channels != 1 && shape.channels != 3)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          ": images need a model of grey or RGB images; this one takes "
+          "[",
+          absl::StrJoin(sample, ", "), "]"));
+    }
+    const int64_t c = shape.channels, h = shape.height, w = shape.width;
+    torch::Tensor pixels = torch::empty(
+        {static_cast<int64_t>(files.size()), c, h, w}, torch::kByte);
+    for (size_t i = 0; i < files.size(); ++i) {
+      ASSIGN_OR_RETURN(Image image, DecodeImage(files[i]));
+      ConvertChannels(&image, static_cast<int>(c));
+      FitImage(image, c, h, w, pixels.data_ptr<uint8_t>() + i * c * h * w);
+      names->push_back(fs::path(files[i]).filename().string());
+    }
+    x = pixels.to(torch::kFloat).div_(255.0f);
+  }
+  const DataInfo info = DataInfoOf(spec);
+  if (!info.mean.empty()) {
+    // As the data set's loader prepares its bytes (data_images.cc).
+    const int64_t c = static_cast<int64_t>(info.mean.size());
+    const torch::Tensor m = torch::tensor(info.mean, torch::kDouble)
+                                .to(torch::kFloat)
+                                .view({1, c, 1, 1});
+    const torch::Tensor sd = torch::tensor(info.std, torch::kDouble)
+                                 .to(torch::kFloat)
+                                 .view({1, c, 1, 1});
+    x = x.sub_(m).div_(sd);
+  }
+  return x;
+}
+
 }  // namespace interlock

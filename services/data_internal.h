@@ -128,6 +128,10 @@ absl::StatusOr<DataSplits> LoadNpy(const v1::DataSpec& spec);
 // Whether DIR/train_x.npy holds bytes (scaled to [0, 1] by the loader), and
 // its channels (features of vectors); false when it cannot be read.
 bool NpyInputsAreBytes(const std::string& dir, int64_t* channels);
+// Samples of shape `sample` from one .npy file ([N, ...] or one sample),
+// float32 (bytes scaled to [0, 1], as training reads them).
+absl::StatusOr<torch::Tensor> ReadNpyInputs(const std::string& path,
+                                            const std::vector<int64_t>& sample);
 
 // data_folder.cc
 absl::StatusOr<DataSplits> LoadImageFolder(const v1::DataSpec& spec);

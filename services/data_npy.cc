@@ -489,6 +489,31 @@ absl::StatusOr<DataSplits> LoadNpy(const DataSpec& spec) {
   return splits;
 }
 
+absl::StatusOr<torch::Tensor> ReadNpyInputs(
+    const std::string& path, const std::vector<int64_t>& sample) {
+  ASSIGN_OR_RETURN(NpyArray a, OpenNpy(path));
+  std::vector<int64_t> rows = a.shape;
+  if (rows == sample) rows.insert(rows.begin(), 1);  // one sample
+  if (rows.size() != sample.size() + 1 ||
+      !std::equal(sample.begin(), sample.end(), rows.begin() + 1) ||
+      rows[0] < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": shape ", ShapeText(a.shape), ", expected ", ShapeText(sample),
+        " (one sample) or [N, ", absl::StrJoin(sample, ", "), "] with N >= 1"));
+  }
+  if (a.dtype != torch::kFloat && a.dtype != torch::kHalf &&
+      a.dtype != torch::kByte) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": dtype '", a.descr,
+                     "', expected float32, float16 or uint8 inputs"));
+  }
+  torch::Tensor x = a.data.reshape(rows);
+  if (x.scalar_type() == torch::kByte) {
+    return x.to(torch::kFloat).div_(255.0f);  // as NpyDataset
+  }
+  return x.to(torch::kFloat).clone();  // off the mapping
+}
+
 bool NpyInputsAreBytes(const std::string& dir, int64_t* channels) {
   auto x = OpenNpy(JoinPath(dir, "train_x.npy"));
   if (!x.ok() || x->dtype != torch::kByte || x->shape.size() < 2) return false;

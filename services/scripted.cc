@@ -50,10 +50,13 @@ std::string FirstLine(const std::string& text) {
   return text;
 }
 
-// What this process was sent, by SHA-256 (HoldScriptedFiles).
+// What this process was sent, by SHA-256 (StageScriptedFile,
+// HoldScriptedFiles). `staged` orders the files not in use, oldest first.
 struct Held {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<const std::string>> by_sha;
+  std::vector<std::string> staged;
+  int64_t bytes = 0;
 };
 Held& HeldFiles() {
   static Held* held = new Held;
@@ -537,29 +540,79 @@ absl::StatusOr<std::vector<ScriptedFile>> ScriptedFilesOfBlock(
   return files;
 }
 
+namespace {
+
+absl::Status CheckHash(const ScriptedFile& f) {
+  if (Sha256Hex(f.bytes.data(), f.bytes.size()) != f.sha256) {
+    return absl::InvalidArgumentError(absl::StrCat("model file ", f.name,
+                                                   ": its bytes do not match ",
+                                                   "its SHA-256 ", f.sha256));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool HoldsScriptedFile(const std::string& sha256) {
+  auto& held = models_internal::HeldFiles();
+  std::lock_guard<std::mutex> l(held.mu);
+  return held.by_sha.count(sha256) > 0;
+}
+
+absl::Status StageScriptedFile(ScriptedFile file, int64_t max_bytes) {
+  RETURN_IF_ERROR(CheckHash(file));
+  const int64_t size = static_cast<int64_t>(file.bytes.size());
+  auto& held = models_internal::HeldFiles();
+  std::lock_guard<std::mutex> l(held.mu);
+  if (held.by_sha.count(file.sha256)) return absl::OkStatus();
+  while (held.bytes + size > max_bytes && !held.staged.empty()) {
+    auto it = held.by_sha.find(held.staged.front());
+    held.bytes -= static_cast<int64_t>(it->second->size());
+    held.by_sha.erase(it);
+    held.staged.erase(held.staged.begin());
+  }
+  if (held.bytes + size > max_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model file ", file.name, ": ", size, " bytes, with the ",
+                     held.bytes, " this worker holds more than the ", max_bytes,
+                     " it accepts (--max_model_bytes)"));
+  }
+  held.bytes += size;
+  held.staged.push_back(file.sha256);
+  held.by_sha[file.sha256] =
+      std::make_shared<const std::string>(std::move(file.bytes));
+  return absl::OkStatus();
+}
+
 absl::Status HoldScriptedFiles(std::vector<ScriptedFile> files,
                                int64_t max_bytes) {
+  auto& held = models_internal::HeldFiles();
+  std::lock_guard<std::mutex> l(held.mu);
+  std::map<std::string, std::shared_ptr<const std::string>> kept;
   int64_t total = 0;
-  for (const auto& f : files) {
-    total += static_cast<int64_t>(f.bytes.size());
-    if (Sha256Hex(f.bytes.data(), f.bytes.size()) != f.sha256) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model file ", f.name, ": its bytes do not match ",
-                       "its SHA-256 ", f.sha256));
+  for (auto& f : files) {
+    std::shared_ptr<const std::string> bytes;
+    if (!f.bytes.empty()) {
+      RETURN_IF_ERROR(CheckHash(f));
+      bytes = std::make_shared<const std::string>(std::move(f.bytes));
+    } else if (auto it = held.by_sha.find(f.sha256); it != held.by_sha.end()) {
+      bytes = it->second;
+    } else {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model file ", f.name, " (SHA-256 ", f.sha256,
+                       ") was not sent to this worker before Configure"));
     }
+    if (!kept.count(f.sha256)) total += static_cast<int64_t>(bytes->size());
+    kept[f.sha256] = std::move(bytes);
   }
   if (total > max_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("model files: ", total, " bytes, more than the ",
                      max_bytes, " this worker accepts"));
   }
-  auto& held = models_internal::HeldFiles();
-  std::lock_guard<std::mutex> l(held.mu);
-  held.by_sha.clear();
-  for (auto& f : files) {
-    held.by_sha[f.sha256] =
-        std::make_shared<const std::string>(std::move(f.bytes));
-  }
+  held.by_sha = std::move(kept);
+  held.staged.clear();
+  held.bytes = total;
   return absl::OkStatus();
 }
 
@@ -572,10 +625,33 @@ const torch::jit::Module* ScriptOf(
   return unit ? &unit->module : nullptr;
 }
 
-// One TorchScript module running `parts` in order, in eval mode.
-torch::jit::Module Chain(const std::vector<torch::jit::Module>& parts) {
+// One TorchScript module running `parts` in order, in eval mode, carrying
+// `info` (NetworkInfo).
+torch::jit::Module Chain(const std::vector<torch::jit::Module>& parts,
+                         const NetworkInfo& info) {
   torch::jit::Module net(c10::QualifiedName("__torch__.interlock.Network"));
+  net.register_attribute("input_shape", c10::ListType::ofInts(),
+                         c10::List<int64_t>(info.input_shape));
+  net.register_attribute("input_dtype", c10::StringType::get(),
+                         info.input_dtype);
+  net.register_attribute("class_names", c10::ListType::ofStrings(),
+                         c10::List<std::string>(info.class_names));
+  net.register_attribute("language_model", c10::BoolType::get(),
+                         info.language_model);
+  const bool normalise = !info.mean.empty();
+  net.register_attribute("normalise", c10::BoolType::get(), normalise);
+  // As training prepared the bytes (services/data_images.cc): float32
+  // values of the double constants.
+  const int64_t c = static_cast<int64_t>(info.mean.size());
+  net.register_buffer("mean", torch::tensor(info.mean, torch::kDouble)
+                                  .to(torch::kFloat)
+                                  .view({c, 1, 1}));
+  net.register_buffer("std", torch::tensor(info.std, torch::kDouble)
+                                 .to(torch::kFloat)
+                                 .view({c, 1, 1}));
   std::string source = "def forward(self, x):\n";
+  if (normalise)
+    absl::StrAppend(&source, "    x = (x - self.mean) / self.std\n");
   for (size_t i = 0; i < parts.size(); ++i) {
     net.register_module(absl::StrCat("part", i), parts[i].deepcopy());
     // Module::define does not call a submodule itself: name its forward.
@@ -590,7 +666,11 @@ torch::jit::Module Chain(const std::vector<torch::jit::Module>& parts) {
 }  // namespace
 
 absl::StatusOr<std::vector<std::pair<std::string, int>>> WriteScriptedNetworks(
-    const std::vector<BlockModules>& blocks, const std::string& dir) {
+    const std::vector<BlockModules>& blocks, const NetworkInfo& info,
+    const std::string& dir) {
+  if (info.mean.size() != info.std.size()) {
+    return absl::InvalidArgumentError("export: mean and std differ in length");
+  }
   try {
     std::vector<std::pair<std::string, int>> written;
     std::vector<torch::jit::Module> chain;
@@ -611,9 +691,9 @@ absl::StatusOr<std::vector<std::pair<std::string, int>>> WriteScriptedNetworks(
       if (head == nullptr) continue;  // built from model.head
       std::vector<torch::jit::Module> exit = chain;
       exit.push_back(*head);
-      exits.emplace_back(static_cast<int>(k), Chain(exit));
+      exits.emplace_back(static_cast<int>(k), Chain(exit, info));
     }
-    Chain(chain).save(dir + "/network.pt");
+    Chain(chain, info).save(dir + "/network.pt");
     written.emplace_back("network.pt", -1);
     for (auto& [k, net] : exits) {
       const std::string name = absl::StrCat("exit_", k, ".pt");

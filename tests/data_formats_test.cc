@@ -775,6 +775,69 @@ TEST(ImageFolderData, RefusesBadFoldersAndImagesNamingThem) {
   expect_refused("no test folder", root + "/test", "no such folder");
 }
 
+// Inputs to label from a file (`interlock predict --input`): an image, a
+// folder of images and a .npy array come out exactly as the data set's own
+// samples, normalised as it is; a wrong shape, dtype or file kind is
+// refused naming the file.
+TEST(InputsFromAFile, AreTheDataSetsOwnSamplesAndBadOnesAreRefused) {
+  TempDir dir;
+  WriteImageFolder(dir);
+  const DataSpec spec = FolderSpec(dir.File("images"), {3, 4, 4});
+  auto data = Load(spec);
+  ASSERT_TRUE(data.ok()) << data.status();
+  std::vector<std::string> names;
+  auto one = ReadInputs(dir.File("images/test/dog/g.png"), spec, data->shape,
+                        &names);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(names, std::vector<std::string>{"g.png"});
+  EXPECT_EQ(Floats(*one), Floats(data->test->Gather({1}).first));
+  auto folder =
+      ReadInputs(dir.File("images/train/cat"), spec, data->shape, &names);
+  ASSERT_TRUE(folder.ok()) << folder.status();
+  EXPECT_EQ(names, (std::vector<std::string>{"a.png", "b.PNG"}));
+  EXPECT_EQ(Floats(*folder), Floats(data->train->Gather({0, 1}).first));
+
+  // Fashion-MNIST's shape and normalisation from bytes in a .npy file: one
+  // sample without its batch dimension.
+  DataSpec fmnist;
+  fmnist.set_kind(DataSpec::FASHION_MNIST);
+  DataShape shape;
+  shape.channels = 1;
+  shape.height = shape.width = 28;
+  shape.classes = 10;
+  std::vector<uint8_t> pixels(784);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = i % 251;
+  WriteNpy(dir.File("one.npy"), "|u1", {1, 28, 28}, pixels);
+  auto npy = ReadInputs(dir.File("one.npy"), fmnist, shape, &names);
+  ASSERT_TRUE(npy.ok()) << npy.status();
+  EXPECT_EQ(names, std::vector<std::string>{dir.File("one.npy") + "[0]"});
+  const torch::Tensor want =
+      torch::tensor(std::vector<float>(pixels.begin(), pixels.end()))
+          .div_(255.0f)
+          .sub_(0.2860f)
+          .div_(0.3530f)
+          .view({1, 1, 28, 28});
+  EXPECT_EQ(Floats(*npy), Floats(want));
+
+  auto refused = [&](const std::string& path, const std::string& fragment) {
+    auto r = ReadInputs(path, fmnist, shape, &names);
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_TRUE(Contains(r.status().message(), path)) << r.status();
+    EXPECT_TRUE(Contains(r.status().message(), fragment)) << r.status();
+  };
+  WriteNpy(dir.File("wide.npy"), "|u1", {1, 28, 27},
+           std::vector<uint8_t>(28 * 27));
+  refused(dir.File("wide.npy"), "expected (1, 28, 28)");
+  WriteNpy(dir.File("ints.npy"), "<i8", {1, 1, 28, 28},
+           std::vector<int64_t>(784));
+  refused(dir.File("ints.npy"), "expected float32, float16 or uint8");
+  WriteFile(dir.File("notes.txt"), "x");
+  refused(dir.File("notes.txt"), "expected a .npy file, an image");
+  refused(dir.File("missing.png"), "missing.png");
+  WriteFile(dir.File("bad.png"), "not a png");
+  refused(dir.File("bad.png"), "not a PNG or JPEG");
+}
+
 // ---------------------------------------------------------------- End to end
 
 // `interlock train` on each format: a few steps and a test evaluation.

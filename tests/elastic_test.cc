@@ -48,10 +48,12 @@ std::shared_ptr<grpc::Channel> Plain(const std::string& address) {
   return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
 }
 
-// Register as a raw client would; `token` empty sends none.
+// Register as a raw client would; `token` empty sends none. The answer
+// goes to `response` when given.
 grpc::Status Register(const std::string& coordinator, const std::string& token,
                       int block, const std::string& address,
-                      const std::string& sha = "") {
+                      const std::string& sha = "",
+                      v1::RegisterResponse* response = nullptr) {
   auto stub = v1::Coordinator::NewStub(Plain(coordinator));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -61,7 +63,7 @@ grpc::Status Register(const std::string& coordinator, const std::string& token,
   req.set_address(address);
   req.set_config_sha256(sha);
   v1::RegisterResponse resp;
-  return stub->Register(&ctx, req, &resp);
+  return stub->Register(&ctx, req, response ? response : &resp);
 }
 
 // The membership service of a coordinator started with
@@ -133,11 +135,12 @@ void ExpectOneFailoverEachMicroBatchOnce(const v1::RunSummary& summary) {
   EXPECT_EQ(a.microbatches_applied(), 240 * 4);
 }
 
-// Where the in-process single chain ends.
-std::string SingleChainDigest() {
+// Where the in-process single chain ends (after `steps`, 0: the config's).
+std::string SingleChainDigest(int steps = 0) {
   auto config = ParseRunConfig(kConfig, "elastic");
   EXPECT_TRUE(config.ok()) << config.status();
   if (!config.ok()) return "";
+  if (steps > 0) config->mutable_training()->set_steps(steps);
   TrainOptions o;
   o.output.quiet = true;
   auto single = Train(*config, o);
@@ -416,9 +419,14 @@ TEST(Elastic, HungReplicaIsDroppedAndTheRunEndsBitwise) {
   // Recorded in docs/BENCHMARKS.md (not a target checked here).
   std::cout << "hung: stop to the first step recorded after the fail-over in "
             << failover << " s\n";
+  // It wakes to a run without it: told so by the coordinator, it has no
+  // membership service to register with again, and exits with a message.
+  kill(w[1].pid, SIGCONT);
+  EXPECT_EQ(WaitExit(w[1].pid, 60), 1) << ReadFile(dir + "/w1.log");
+  EXPECT_TRUE(LogHas(dir + "/w1.log", "no --coordinator to register with"))
+      << ReadFile(dir + "/w1.log");
   ASSERT_EQ(WaitExit(cli.pid, 600), 0) << ReadFile(cli.log);
   EXPECT_TRUE(LogHas(cli.log, w[1].address())) << ReadFile(cli.log);
-  StopWorker(w[1], SIGKILL);
   for (auto& p : w) StopWorker(p);
 
   const v1::RunSummary summary = ReadSummary(out);
@@ -430,6 +438,127 @@ TEST(Elastic, HungReplicaIsDroppedAndTheRunEndsBitwise) {
   EXPECT_EQ(summary.topology(0).state_bytes(), 0);
 
   EXPECT_EQ(summary.digest(), SingleChainDigest());
+  std::filesystem::remove_all(dir);
+}
+
+// A replica that joined through the membership service, hangs and is
+// dropped, then wakes: the coordinator tells it the run went on without
+// it, it registers again as a new replica, is admitted, and later leaves;
+// the run ends bitwise on the single chain.
+TEST(Elastic, ADroppedReplicaThatWakesRegistersAgain) {
+  const std::string dir = MakeTempDir("elastic-wakes");
+  std::ofstream(dir + "/token") << "wakes-token\n";
+  std::ofstream(dir + "/config.pbtxt") << kConfig;
+  const std::vector<std::string> auth = {"--token-file=" + dir + "/token"};
+  std::vector<WorkerProcess> w;
+  std::string workers;
+  for (int i = 0; i < 4; ++i) {
+    w.push_back(StartWorker(INTERLOCK_WORKER, dir, i, auth));
+    ASSERT_GT(w.back().port, 0);
+    workers += (i ? "," : "") + w.back().address();
+  }
+  const int steps = 600;
+  const std::string out = dir + "/out";
+  const std::string port_file = dir + "/coordinator.port";
+  Child cli = StartChild(
+      INTERLOCK_CLI,
+      {"train", "--config", dir + "/config.pbtxt", "--engine", "cluster",
+       "--workers", workers, "--token-file", dir + "/token", "--steps",
+       std::to_string(steps), "--coordinator_port", "0",
+       "--coordinator_port_file", port_file, "--out", out, "--quiet"},
+      dir + "/cli.log");
+  const std::string coordinator = MembershipAddress(port_file);
+  ASSERT_FALSE(coordinator.empty()) << ReadFile(cli.log);
+  const std::string metrics = out + "/metrics.jsonl";
+  std::vector<std::string> join = auth;
+  join.insert(join.end(), {"--coordinator=" + coordinator, "--block=0"});
+  WorkerProcess joiner = StartWorker(INTERLOCK_WORKER, dir, 4, join);
+  ASSERT_GT(joiner.port, 0);
+  const std::string log = dir + "/w4.log";
+  auto configured = [&] {
+    return WaitFor(
+        [&] {
+          return MetricSum(HttpGet(joiner.metrics_port, "/metrics"),
+                           "interlock_worker_configured") == 1;
+        },
+        120);
+  };
+  ASSERT_TRUE(configured()) << ReadFile(log) << ReadFile(cli.log);
+  const int first_join = LinesIn(metrics);
+  ASSERT_TRUE(WaitFor([&] { return LinesIn(metrics) >= first_join + 5; }, 300))
+      << ReadFile(cli.log);
+
+  kill(joiner.pid, SIGSTOP);
+  int failed_at = 0;
+  ASSERT_GE(SecondsToTheStepAfterFailover(
+                cli.log, metrics, std::chrono::steady_clock::now(), &failed_at),
+            0)
+      << ReadFile(cli.log);
+  kill(joiner.pid, SIGCONT);
+  ASSERT_TRUE(WaitFor(
+      [&] { return LogHas(log, "registering again as a new replica"); }, 60))
+      << ReadFile(log) << ReadFile(cli.log);
+  ASSERT_TRUE(configured()) << ReadFile(log) << ReadFile(cli.log);
+  // Admitted again (the join completes at a step boundary): it can leave
+  // like any replica.
+  const int joined_at = LinesIn(metrics);
+  ASSERT_TRUE(WaitFor([&] { return LinesIn(metrics) >= joined_at + 5; }, 300))
+      << ReadFile(cli.log);
+  kill(joiner.pid, SIGTERM);
+  EXPECT_EQ(WaitExit(joiner.pid, 120), 0) << ReadFile(log);
+  EXPECT_TRUE(LogHas(log, "left the run")) << ReadFile(log);
+  ASSERT_EQ(WaitExit(cli.pid, 600), 0) << ReadFile(cli.log);
+  for (auto& p : w) StopWorker(p);
+
+  const v1::RunSummary summary = ReadSummary(out);
+  const auto& a = summary.accounting();
+  EXPECT_EQ(a.recoveries(), 0);
+  EXPECT_EQ(a.failovers(), 1);
+  EXPECT_EQ(a.steps_not_exactly_once_size(), 0);
+  EXPECT_EQ(a.microbatches_applied(), steps * 4);
+  std::vector<std::string> kinds;
+  for (const auto& t : summary.topology()) {
+    for (const auto& c : t.changes()) kinds.push_back(c.kind());
+  }
+  EXPECT_EQ(kinds,
+            (std::vector<std::string>{"join", "failure", "join", "leave"}))
+      << ReadFile(cli.log);
+  EXPECT_EQ(summary.digest(), SingleChainDigest(steps));
+  std::filesystem::remove_all(dir);
+}
+
+// A run without a token (workers on loopback) tells no caller its id or
+// generation: a Register that succeeds is answered without them.
+TEST(Elastic, ATokenlessMembershipServiceTellsNoRunId) {
+  const std::string dir = MakeTempDir("elastic-tokenless");
+  std::ofstream(dir + "/config.pbtxt") << kConfig;
+  std::vector<WorkerProcess> w;
+  std::string workers;
+  for (int i = 0; i < 5; ++i) {
+    w.push_back(StartWorker(INTERLOCK_WORKER, dir, i, {}));
+    ASSERT_GT(w.back().port, 0);
+    if (i < 4) workers += (i ? "," : "") + w.back().address();
+  }
+  const std::string out = dir + "/out";
+  const std::string port_file = dir + "/coordinator.port";
+  Child cli = StartChild(
+      INTERLOCK_CLI,
+      {"train", "--config", dir + "/config.pbtxt", "--engine", "cluster",
+       "--workers", workers, "--coordinator_port", "0",
+       "--coordinator_port_file", port_file, "--out", out, "--quiet"},
+      dir + "/cli.log");
+  const std::string coordinator = MembershipAddress(port_file);
+  ASSERT_FALSE(coordinator.empty()) << ReadFile(cli.log);
+  ASSERT_TRUE(
+      WaitFor([&] { return LinesIn(out + "/metrics.jsonl") >= 3; }, 300))
+      << ReadFile(cli.log);
+  v1::RegisterResponse response;
+  grpc::Status s = Register(coordinator, "", 1, w[4].address(), "", &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.run_id(), "");
+  EXPECT_EQ(response.generation(), 0);
+  ASSERT_EQ(WaitExit(cli.pid, 600), 0) << ReadFile(cli.log);
+  for (auto& p : w) StopWorker(p);
   std::filesystem::remove_all(dir);
 }
 

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "tests/test_util.h"
@@ -94,7 +96,28 @@ TEST(Inference, GenerateSamplesReproduciblyThroughAnyExit) {
   EXPECT_EQ(top.exit_code, 0) << top.output;
   ExpectOneLineError(
       RunCommand(kCli + " generate --run " + out + " --prompt ''"),
-      "empty prompt", "--prompt: empty");
+      "empty prompt", "generate needs one of --prompt (text) and --prompt-ids");
+  // The same prompt as token ids gives the same tokens, as ids.
+  const std::string in = kCli + " generate --run " + out +
+                         " --tokens 24 --seed 3 --temperature 0";
+  auto text = RunCommand(in + " --prompt In");
+  auto ids = RunCommand(in + " --prompt-ids '73 110'");
+  ASSERT_EQ(ids.exit_code, 0) << ids.output;
+  std::string bytes;
+  for (absl::string_view id :
+       absl::StrSplit(absl::StripAsciiWhitespace(ids.output), ' ')) {
+    int v = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(id, &v)) << ids.output;
+    bytes.push_back(static_cast<char>(v));
+  }
+  EXPECT_EQ(bytes + "\n", text.output);
+  ExpectOneLineError(RunCommand(kCli + " generate --run " + out +
+                                " --prompt-ids '1 300'"),
+                     "id outside the vocabulary",
+                     "--prompt-ids: 300 is not a token id of this model");
+  ExpectOneLineError(
+      RunCommand(kCli + " generate --run " + out + " --prompt-ids 'a'"),
+      "not a number", "--prompt-ids: 'a' is not a number");
   std::filesystem::remove_all(std::filesystem::path(out).parent_path());
 }
 

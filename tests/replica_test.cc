@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "collective/gloo_collective.h"
+#include "rpc/rendezvous.h"
 #include "services/config.h"
 #include "services/data.h"
 #include "services/models.h"
@@ -246,6 +247,12 @@ void ExpectBitwise(const Outcome& want, const Outcome& got,
   EXPECT_EQ(differ, 0) << what;
 }
 
+// A client of the rendezvous store on this machine's `port`, no token.
+std::shared_ptr<KeyValueClient> StoreAt(int port) {
+  return std::make_shared<RendezvousClient>(absl::StrCat("127.0.0.1:", port),
+                                            TransportSecurity{});
+}
+
 std::string NextPrefix() {
   static int n = 0;
   return absl::StrCat("replica_test/", n++);
@@ -257,7 +264,7 @@ std::vector<Outcome> RunReplicas(
     const Inputs& in, const std::vector<std::vector<int>>& split,
     TrainingSpec::Reduction mode = TrainingSpec::ORDERED,
     absl::Duration timeout = absl::Seconds(30)) {
-  auto server = StoreServer::Start("127.0.0.1", 0);
+  auto server = RendezvousServer::Start("127.0.0.1", 0, {});
   EXPECT_TRUE(server.ok()) << server.status();
   const std::string prefix = NextPrefix();
   const int size = static_cast<int>(split.size());
@@ -266,8 +273,7 @@ std::vector<Outcome> RunReplicas(
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       GlooOptions o;
-      o.store_host = "127.0.0.1";
-      o.store_port = (*server)->port();
+      o.store = StoreAt((*server)->port());
       o.prefix = prefix;
       o.rank = r;
       o.size = size;
@@ -435,11 +441,11 @@ class SilentPeer {
 // the other, without a hang or a crash; the group stays failed.
 TEST(Replicas, SilentPeerFailsTheStepWithinTheTimeout) {
   const Inputs in = MakeInputs(Parse(kResNet), 2);
-  auto server = StoreServer::Start("127.0.0.1", 0);
+  auto server = RendezvousServer::Start("127.0.0.1", 0, {});
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string prefix = NextPrefix();
   const absl::Duration timeout = absl::Seconds(2);
-  GlooOptions o{"127.0.0.1", (*server)->port(), prefix, 1, 2};
+  GlooOptions o{StoreAt((*server)->port()), prefix, 1, 2};
   o.timeout = timeout;
   SilentPeer silent(o);
   o.rank = 0;
@@ -494,11 +500,11 @@ void ExpectAbandonEndsTheReduction(Collective& group, const std::string& prefix,
 // does, ends it at once, and the group then refuses every later call.
 // Destroying the abandoned group does not wait for the operation either.
 TEST(Replicas, AbandonEndsAWaitingReductionAtOnce) {
-  auto server = StoreServer::Start("127.0.0.1", 0);
+  auto server = RendezvousServer::Start("127.0.0.1", 0, {});
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string prefix = NextPrefix();
   const absl::Duration timeout = absl::Seconds(60);
-  GlooOptions o{"127.0.0.1", (*server)->port(), prefix, 1, 2};
+  GlooOptions o{StoreAt((*server)->port()), prefix, 1, 2};
   o.timeout = timeout;
   o.rendezvous_timeout = timeout;
   SilentPeer silent(o);
@@ -521,21 +527,25 @@ TEST(Replicas, AbandonEndsAWaitingReductionAtOnce) {
 // rendezvous timeout: 50 s); Abandon, as a worker's Configure of the next
 // generation calls it, ends the wait at once.
 TEST(Replicas, AbandonEndsARendezvousAtOnce) {
-  auto server = StoreServer::Start("127.0.0.1", 0);
+  auto server = RendezvousServer::Start("127.0.0.1", 0, {});
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string prefix = NextPrefix();
-  auto group =
-      ReplicaGroup(absl::StrCat("127.0.0.1:", (*server)->port()), prefix,
-                   /*rank=*/0, /*size=*/2, "127.0.0.1");
+  auto group = ReplicaGroup(
+      absl::StrCat("127.0.0.1:", (*server)->port()),
+      [](const std::string& a) {
+        return std::shared_ptr<KeyValueClient>(
+            std::make_shared<RendezvousClient>(a, TransportSecurity{}));
+      },
+      prefix, /*rank=*/0, /*size=*/2, "127.0.0.1");
   ASSERT_TRUE(group.ok()) << group.status();
   // Not the 10 s of the rendezvous timeout.
   ExpectAbandonEndsTheReduction(**group, prefix, 5.0);
 }
 
 TEST(Replicas, MissingMemberFailsTheRendezvousWithinTheTimeout) {
-  auto server = StoreServer::Start("127.0.0.1", 0);
+  auto server = RendezvousServer::Start("127.0.0.1", 0, {});
   ASSERT_TRUE(server.ok()) << server.status();
-  GlooOptions o{"127.0.0.1", (*server)->port(), NextPrefix(), 0, 2};
+  GlooOptions o{StoreAt((*server)->port()), NextPrefix(), 0, 2};
   o.rendezvous_timeout = absl::Seconds(1);
   const auto t0 = std::chrono::steady_clock::now();
   auto group = ConnectGloo(o);
@@ -548,7 +558,7 @@ TEST(Replicas, MissingMemberFailsTheRendezvousWithinTheTimeout) {
 
 // The reduction's integer sum keeps every float bit pattern.
 TEST(Replicas, IntegerSumOfFloatBitsIsACopy) {
-  auto server = StoreServer::Start("127.0.0.1", 0);
+  auto server = RendezvousServer::Start("127.0.0.1", 0, {});
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string prefix = NextPrefix();
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -559,7 +569,7 @@ TEST(Replicas, IntegerSumOfFloatBitsIsACopy) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
-      GlooOptions o{"127.0.0.1", (*server)->port(), prefix, r, 3};
+      GlooOptions o{StoreAt((*server)->port()), prefix, r, 3};
       auto group = ConnectGloo(o);
       ASSERT_TRUE(group.ok()) << group.status();
       torch::Tensor t = r == 1 ? values.clone() : torch::zeros_like(values);
@@ -578,10 +588,10 @@ TEST(Replicas, IntegerSumOfFloatBitsIsACopy) {
 // names it): the port is free again at once, and a member waiting on the
 // old store fails instead of waiting out its timeout.
 TEST(Replicas, StoreRestartsOnItsPortAndFreesWaitingMembers) {
-  auto first = StoreServer::Start("127.0.0.1", 0);
+  auto first = RendezvousServer::Start("127.0.0.1", 0, {});
   ASSERT_TRUE(first.ok()) << first.status();
   const int port = (*first)->port();
-  GlooOptions o{"127.0.0.1", port, NextPrefix(), 0, 2};
+  GlooOptions o{StoreAt(port), NextPrefix(), 0, 2};
   o.rendezvous_timeout = absl::Seconds(20);
   absl::StatusOr<std::shared_ptr<Collective>> waiting;
   double seconds = 0;
@@ -594,7 +604,7 @@ TEST(Replicas, StoreRestartsOnItsPortAndFreesWaitingMembers) {
   });
   absl::SleepFor(absl::Milliseconds(500));
   first->reset();
-  auto second = StoreServer::Start("127.0.0.1", port);
+  auto second = RendezvousServer::Start("127.0.0.1", port, {});
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ((*second)->port(), port);
   member.join();
@@ -605,11 +615,11 @@ TEST(Replicas, StoreRestartsOnItsPortAndFreesWaitingMembers) {
 TEST(Replicas, UnreachableStoreFailsWithinTheTimeout) {
   int port = 0;
   {
-    auto server = StoreServer::Start("127.0.0.1", 0);
+    auto server = RendezvousServer::Start("127.0.0.1", 0, {});
     ASSERT_TRUE(server.ok()) << server.status();
     port = (*server)->port();
   }
-  GlooOptions o{"127.0.0.1", port, NextPrefix(), 0, 2};
+  GlooOptions o{StoreAt(port), NextPrefix(), 0, 2};
   o.rendezvous_timeout = absl::Seconds(1);
   const auto t0 = std::chrono::steady_clock::now();
   auto group = ConnectGloo(o);
@@ -694,13 +704,88 @@ TEST(Replicas, ForwardChecksTheMicroBatch) {
   EXPECT_TRUE((*t)->Forward(1, in.x[0][1], in.y[0][1]).status().ok());
 }
 
-TEST(Replicas, StoreServerPicksAFreePort) {
-  auto a = StoreServer::Start("127.0.0.1", 0);
-  auto b = StoreServer::Start("127.0.0.1", 0);
+TEST(Replicas, RendezvousServerPicksAFreePort) {
+  auto a = RendezvousServer::Start("127.0.0.1", 0, {});
+  auto b = RendezvousServer::Start("127.0.0.1", 0, {});
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_GT((*a)->port(), 0);
   EXPECT_NE((*a)->port(), (*b)->port());
+}
+
+// The rendezvous store the coordinator serves instead of LibTorch's
+// TCPStore: calls without the run's token are refused (and counted), keys
+// and values are bounded, the operations mean what c10d's Store needs,
+// and a member notices a store restarted under it.
+TEST(RendezvousStore, NeedsTheTokenBoundsItsKeysAndNoticesARestart) {
+  TransportSecurity server;
+  server.token = "store-token";
+  auto store = RendezvousServer::Start("127.0.0.1", 0, server);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*store)->port());
+  RendezvousClient outsider(address, TransportSecurity{});
+  EXPECT_EQ(outsider.Set("k", "v").code(), absl::StatusCode::kUnauthenticated);
+  TransportSecurity wrong;
+  wrong.token = "guess";
+  EXPECT_EQ(RendezvousClient(address, wrong).Get("k").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*store)->refused(), 2);
+
+  RendezvousClient member(address, server);
+  ASSERT_TRUE(member.Set("a", std::string("\0x\xff", 3)).ok());
+  auto got = member.Get("a");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(**got, std::string("\0x\xff", 3));
+  EXPECT_FALSE(member.Get("nothing")->has_value());
+  EXPECT_FALSE(outsider.Get("a").ok());  // still refused
+  EXPECT_EQ(*member.Add("n", 3), 3);
+  EXPECT_EQ(*member.Add("n", -5), -2);
+  EXPECT_EQ(member.Add("a", 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // compareSet as c10d: an unset key takes the desired value only when
+  // nothing was expected.
+  EXPECT_EQ(*member.CompareSet("c", "x", "y"), "x");
+  EXPECT_EQ(*member.CompareSet("c", "", "y"), "y");
+  EXPECT_EQ(*member.CompareSet("c", "z", "w"), "y");
+  EXPECT_EQ(*member.CompareSet("c", "y", "w"), "w");
+  EXPECT_TRUE(*member.Check({"a", "n", "c"}));
+  EXPECT_FALSE(*member.Check({"a", "nothing"}));
+  EXPECT_EQ(*member.NumKeys(), 3);
+  EXPECT_TRUE(*member.Delete("c"));
+  EXPECT_FALSE(*member.Delete("c"));
+  EXPECT_EQ(member.Set(std::string(2000, 'k'), "v").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(member.Set("big", std::string((1 << 20) + 1, 'v')).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // Restarted on its port: the member's next call fails, naming it.
+  const int port = (*store)->port();
+  store->reset();
+  auto again = RendezvousServer::Start("127.0.0.1", port, server);
+  ASSERT_TRUE(again.ok()) << again.status();
+  absl::Status s = member.Set("a", "v");
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rendezvous store 127.0.0.1:"), std::string::npos)
+      << s;
+  EXPECT_EQ(RendezvousClient(address, server).Set("a", "v").code(),
+            absl::StatusCode::kOk);
+}
+
+// The store itself, in process: the byte bound counts keys and values.
+TEST(RendezvousStore, KeyValueStoreBoundsTheTotal) {
+  KeyValueLimits limits;
+  limits.max_total_bytes = 100;
+  limits.max_keys = 3;
+  KeyValueStore store(limits);
+  ASSERT_TRUE(store.Set("a", std::string(60, 'x')).ok());
+  EXPECT_EQ(store.Set("b", std::string(60, 'x')).code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(store.Set("a", std::string(10, 'x')).ok());  // replaced
+  ASSERT_TRUE(store.Set("b", std::string(60, 'x')).ok());
+  ASSERT_TRUE(store.Set("c", "").ok());
+  EXPECT_EQ(store.Set("d", "").code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(*store.Delete("b"));
+  EXPECT_TRUE(store.Set("d", std::string(60, 'x')).ok());
 }
 
 }  // namespace

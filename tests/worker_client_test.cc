@@ -229,6 +229,91 @@ TEST_F(WorkerClientTest, StateGoesOutAndComesBackWhole) {
   EXPECT_EQ(state_of(), after_one);
 }
 
+// A scripted model's files go to a worker in chunks ahead of Configure,
+// which names them by SHA-256; a file the worker holds is not read again,
+// and one it was never sent, a wrong hash, a bad name or more than
+// --max_model_bytes are refused naming the file.
+TEST(ModelFiles, TravelInChunksAheadOfConfigureAndAreCheckedAndBounded) {
+  const std::string dir = MakeTempDir("files");
+  WorkerProcess w = StartWorker(kWorker, dir, 0, {"--max_model_bytes=5000000"});
+  ASSERT_GT(w.port, 0);
+  WorkerClient client("worker 0", w.address(), 1 << 20, TransportSecurity{});
+  const absl::Time later = absl::Now() + absl::Seconds(30);
+  std::string bytes(3 * (1 << 20) + 123, 'x');  // four chunks
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>((i * 7919) >> 3);
+  }
+  const std::string sha = Sha256Hex(bytes.data(), bytes.size());
+  ASSERT_TRUE(client.PutModelFile("unit_000.pt", sha, bytes, later, true).ok());
+
+  // Sent again: the worker answers from the first chunk.
+  auto stub = v1::Worker::NewStub(Plaintext(w));
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::PutModelFileResponse response;
+    auto writer = stub->PutModelFile(&ctx, &response);
+    v1::ModelFileChunk header;
+    header.set_name("unit_000.pt");
+    header.set_sha256(sha);
+    header.set_total_bytes(static_cast<int64_t>(bytes.size()));
+    writer->Write(header);
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+    EXPECT_TRUE(response.already_held());
+  }
+  auto refused = [&](const std::string& name, const std::string& hash,
+                     const std::string& data, absl::StatusCode code,
+                     const std::string& fragment) {
+    absl::Status s = client.PutModelFile(name, hash, data, later, true);
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_NE(s.message().find(fragment), std::string::npos) << s;
+  };
+  std::string altered = bytes;
+  altered[12345] ^= 1;
+  const std::string wrong = Sha256Hex("other", 5);
+  refused("unit_001.pt", wrong, altered, absl::StatusCode::kInvalidArgument,
+          "model file unit_001.pt: its bytes do not match");
+  const std::string big(5000001, 'b');
+  refused("unit_002.pt", Sha256Hex(big.data(), big.size()), big,
+          absl::StatusCode::kResourceExhausted, "--max_model_bytes");
+  refused("../unit.pt", sha, bytes, absl::StatusCode::kInvalidArgument,
+          "plain name");
+  refused("unit_003.pt", "abc", bytes, absl::StatusCode::kInvalidArgument,
+          "64 lower-case hex");
+  // Room is made by dropping files no configured block uses, oldest first:
+  // a second file that does not fit beside the first replaces it.
+  const std::string other(2 * (1 << 20), 'o');
+  const std::string other_sha = Sha256Hex(other.data(), other.size());
+  ASSERT_TRUE(
+      client.PutModelFile("unit_004.pt", other_sha, other, later, true).ok());
+
+  // Configure names files by hash: one not held is refused naming it, one
+  // held is used (this block is not scripted: the file is only kept).
+  v1::ConfigureRequest req = OneBlockRequest("files-1");
+  v1::ModelFile* f = req.add_model_files();
+  f->set_name("unit_000.pt");
+  f->set_sha256(sha);  // dropped for unit_004.pt
+  auto configured = client.Configure(req, later, true);
+  EXPECT_EQ(configured.status().code(), absl::StatusCode::kFailedPrecondition)
+      << configured.status();
+  EXPECT_NE(configured.status().message().find(
+                "model file unit_000.pt (SHA-256 " + sha +
+                ") was not sent to this worker before Configure"),
+            std::string::npos)
+      << configured.status();
+  f->set_name("unit_004.pt");
+  f->set_sha256(other_sha);
+  configured = client.Configure(req, later, true);
+  EXPECT_TRUE(configured.ok()) << configured.status();
+  // The configured block's file is kept: a new one that does not fit beside
+  // it is refused rather than dropping it.
+  refused("unit_005.pt", Sha256Hex(altered.data(), altered.size()), altered,
+          absl::StatusCode::kResourceExhausted, "--max_model_bytes");
+  StopWorker(w);
+  std::filesystem::remove_all(dir);
+}
+
 // Block 0's and block 1's workers of run "cp-1", configured.
 void ExpectEachReportsItsOwn(v1::Worker::Stub* stub0, v1::Worker::Stub* stub1) {
   // Another run's control stream is refused and takes nothing over.

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -58,6 +59,9 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(int64_t, max_message_bytes, 256 << 20,
           "largest message accepted on any RPC (compressed messages count "
           "inflated)");
+ABSL_FLAG(int64_t, max_model_bytes, int64_t{1} << 30,
+          "a scripted model's files this worker keeps, in all (sent by the "
+          "coordinator in chunks before Configure)");
 ABSL_FLAG(int, max_concurrent_streams, 8,
           "Stream calls open at once; more are refused (RESOURCE_EXHAUSTED)");
 ABSL_FLAG(std::string, token_file, "",
@@ -232,9 +236,12 @@ absl::StatusOr<std::pair<std::string, interlock::TransportSecurity>> Join(
                         absl::StrCat("register with ", coordinator, ": ",
                                      r.status().message()));
   }
+  // A membership service without authentication does not tell the run.
   LOG(INFO) << "registered as " << address << " for block " << block
-            << " of run " << r->run_id() << " (generation " << r->generation()
-            << ")";
+            << (r->run_id().empty()
+                    ? std::string()
+                    : absl::StrCat(" of run ", r->run_id(), " (generation ",
+                                   r->generation(), ")"));
   return std::make_pair(address, *std::move(security));
 }
 
@@ -253,7 +260,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "interlock-worker [--host H] [--port P] [--metrics_port M] "
       "[--metrics_host H] [--metrics_token_file F] [--port_file F] "
-      "[--max_message_bytes B] [--max_concurrent_streams N] "
+      "[--max_message_bytes B] [--max_model_bytes B] "
+      "[--max_concurrent_streams N] "
       "[--token_file F] [--tls_cert F --tls_key F] [--tls_ca F] "
       "[--insecure] [--device cpu|cuda[:N]] [--collective_host H]\n"
       "interlock-worker --health_check HOST:PORT [--health_service S] "
@@ -290,6 +298,8 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  // Raised by this process when the coordinator dropped its block (below).
+  sigaddset(&signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   interlock::WorkerServerOptions options;
@@ -365,6 +375,11 @@ int main(int argc, char** argv) {
                  "least 1 MiB\n";
     return 2;
   }
+  options.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+  if (options.max_model_bytes < 0) {
+    std::cerr << "interlock-worker: error: --max_model_bytes must be >= 0\n";
+    return 2;
+  }
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   if (options.max_concurrent_streams < 1) {
     std::cerr << "interlock-worker: error: --max_concurrent_streams must be "
@@ -378,6 +393,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.security = *std::move(security);
+  // A replica the run left out (it stopped answering and came back) is
+  // told so by the coordinator; this thread then registers it again or
+  // exits, never leaving an idle process behind.
+  static std::mutex dropped_mu;
+  static std::string dropped_from;
+  options.on_released = [](const std::string& run_id, int64_t generation) {
+    {
+      std::lock_guard<std::mutex> l(dropped_mu);
+      dropped_from = absl::StrCat(run_id, " (generation ", generation, ")");
+    }
+    kill(getpid(), SIGUSR1);
+  };
   auto server = interlock::WorkerServer::Start(options);
   if (!server.ok()) {
     std::cerr << "interlock-worker: error: " << server.status().message()
@@ -423,7 +450,29 @@ int main(int argc, char** argv) {
     std::tie(advertised, client_security) = *std::move(joined);
   }
   int sig = 0;
-  sigwait(&signals, &sig);
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig != SIGUSR1) break;
+    std::string from;
+    {
+      std::lock_guard<std::mutex> l(dropped_mu);
+      from = dropped_from;
+    }
+    if (coordinator.empty()) {
+      LOG(ERROR) << "dropped from run " << from
+                 << "; no --coordinator to register with again: exiting";
+      (*server)->Shutdown();
+      return 1;
+    }
+    LOG(WARNING) << "dropped from run " << from
+                 << "; registering again as a new replica";
+    auto joined = Join(coordinator, files, (*server)->port(), options.host);
+    if (!joined.ok()) {
+      LOG(ERROR) << joined.status().message() << ": exiting";
+      (*server)->Shutdown();
+      return 1;
+    }
+  }
   LOG(INFO) << "signal " << sig << ", shutting down";
   if (!advertised.empty()) {
     // Scale-down: finish what this replica holds and leave at a step

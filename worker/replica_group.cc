@@ -114,23 +114,25 @@ class LazyGroup : public Collective {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Collective>> ReplicaGroup(
-    const std::string& store_address, const std::string& prefix, int rank,
-    int size, const std::string& device_host) {
+    const std::string& store_address,
+    const std::function<std::shared_ptr<KeyValueClient>(const std::string&)>&
+        store_client,
+    const std::string& prefix, int rank, int size,
+    const std::string& device_host) {
   GlooOptions o;
   const size_t colon = store_address.rfind(':');
-  o.store_host = store_address.substr(0, colon);
-  if (o.store_host.size() > 2 && o.store_host.front() == '[') {
-    o.store_host = o.store_host.substr(1, o.store_host.size() - 2);
-  }
   int port = 0;
-  if (colon == std::string::npos || o.store_host.empty() ||
+  if (colon == std::string::npos || colon == 0 ||
       !absl::SimpleAtoi(store_address.substr(colon + 1), &port) || port < 1 ||
       port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("collective_address '",
                                                    store_address.substr(0, 64),
                                                    "' is not host:port"));
   }
-  o.store_port = port;
+  if (!store_client) {
+    return absl::FailedPreconditionError("no rendezvous store client");
+  }
+  o.store = store_client(store_address);
   o.prefix = prefix;
   o.rank = rank;
   o.size = size;

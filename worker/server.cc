@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rpc/channel.h"
+#include "rpc/rendezvous.h"
 
 namespace interlock {
 
@@ -29,8 +30,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   std::unique_ptr<WorkerServer> s(new WorkerServer());
   WorkerOptions core_options;
   core_options.max_message_bytes = options.max_message_bytes;
+  core_options.max_model_bytes = options.max_model_bytes;
   core_options.device = options.device;
   core_options.collective_host = options.collective_host;
+  core_options.store_client =
+      [security = options.security](const std::string& address) {
+        return std::shared_ptr<KeyValueClient>(
+            std::make_shared<RendezvousClient>(address, security));
+      };
   s->core_ = std::make_unique<WorkerCore>(core_options, &s->metrics_,
                                           GrpcLinkFactory(options.security));
   WorkerServiceOptions service_options;
@@ -64,6 +71,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   health->SetServingStatus("", false);
   health->SetServingStatus(kServiceName, false);
   health->SetServingStatus(kLivenessService, true);
+  if (options.on_released) s->core_->set_on_released(options.on_released);
   s->core_->set_on_configured([health](bool serving) {
     health->SetServingStatus("", serving);
     health->SetServingStatus(kServiceName, serving);

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,8 @@ struct WorkerServerOptions {
   // Non-empty: /metrics requires "Authorization: Bearer <metrics_token>".
   std::string metrics_token;
   int64_t max_message_bytes = 256 << 20;
+  // WorkerOptions::max_model_bytes.
+  int64_t max_model_bytes = int64_t{1} << 30;
   // Stream calls open at once; more are refused with RESOURCE_EXHAUSTED.
   int max_concurrent_streams = 8;
   // Bearer token and TLS for the server and for the link to the next block.
@@ -35,6 +38,9 @@ struct WorkerServerOptions {
   c10::Device device = c10::Device(c10::kCPU);
   // WorkerOptions::collective_host.
   std::string collective_host;
+  // WorkerCore::set_on_released.
+  std::function<void(const std::string& run_id, int64_t generation)>
+      on_released;
 };
 
 class WorkerServer {

@@ -1,7 +1,10 @@
 #include "worker/state_reactors.h"
 
+#include <new>
 #include <optional>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "rpc/state_chunks.h"
 #include "rpc/status.h"
 
@@ -119,7 +122,119 @@ class LoadReactor : public grpc::ServerReadReactor<v1::StateChunk> {
   StateAssembler state_{"load_state"};
 };
 
+// PutModelFile: the first chunk names the file; one the core holds already
+// ends the call at once (already_held), anything else is collected up to
+// the announced size, within --max_model_bytes, and handed to the core,
+// which checks its SHA-256. One call at a time (`slot`).
+class PutModelFileReactor : public grpc::ServerReadReactor<v1::ModelFileChunk> {
+ public:
+  PutModelFileReactor(WorkerCore* core, v1::PutModelFileResponse* response,
+                      std::atomic<bool>* slot)
+      : core_(core), response_(response), slot_(slot) {
+    StartRead(&chunk_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      if (!started_) {
+        End(absl::InvalidArgumentError("put_model_file: no chunk"));
+      } else if (static_cast<int64_t>(file_.bytes.size()) != total_) {
+        End(absl::InvalidArgumentError(absl::StrCat(
+            "put_model_file ", file_.name, ": ", file_.bytes.size(),
+            " bytes came, ", total_, " were announced")));
+      } else {
+        End(core_->StageModelFile(std::move(file_)));
+      }
+      return;
+    }
+    if (!started_) {
+      started_ = true;
+      if (absl::Status s = Start(); !s.ok() || response_->already_held()) {
+        End(s);
+        return;
+      }
+    } else if (!chunk_.name().empty() || !chunk_.sha256().empty() ||
+               chunk_.total_bytes() != 0) {
+      End(absl::InvalidArgumentError(
+          absl::StrCat("put_model_file ", file_.name,
+                       ": a chunk after the first carries header fields")));
+      return;
+    }
+    if (static_cast<int64_t>(file_.bytes.size() + chunk_.data().size()) >
+        total_) {
+      End(absl::InvalidArgumentError(absl::StrCat("put_model_file ", file_.name,
+                                                  ": more than the ", total_,
+                                                  " bytes announced")));
+      return;
+    }
+    file_.bytes.append(chunk_.data());
+    chunk_.Clear();
+    StartRead(&chunk_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  // Checks the first chunk's header and reserves the announced size.
+  absl::Status Start() {
+    file_.name = chunk_.name();
+    file_.sha256 = chunk_.sha256();
+    total_ = chunk_.total_bytes();
+    const bool plain = !file_.name.empty() && file_.name.size() <= 255 &&
+                       file_.name.find_first_of("/\\") == std::string::npos &&
+                       file_.name != "." && file_.name != "..";
+    if (!plain) {
+      return absl::InvalidArgumentError(
+          "put_model_file: the file name must be a plain name (no folders, "
+          "at most 255 bytes)");
+    }
+    if (file_.sha256.size() != 64 ||
+        file_.sha256.find_first_not_of("0123456789abcdef") !=
+            std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("put_model_file ", file_.name,
+                       ": sha256 must be 64 lower-case hex digits"));
+    }
+    if (core_->HoldsModelFile(file_.sha256)) {
+      response_->set_already_held(true);
+      return absl::OkStatus();
+    }
+    const int64_t limit = core_->options().max_model_bytes;
+    if (total_ < 0 || total_ > limit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "put_model_file ", file_.name, ": ", total_, " bytes, more than the ",
+          limit, " this worker accepts (--max_model_bytes)"));
+    }
+    try {
+      file_.bytes.reserve(static_cast<size_t>(total_));
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "put_model_file ", file_.name, ": cannot hold ", total_, " bytes"));
+    }
+    return absl::OkStatus();
+  }
+  // Frees what was buffered and the slot, then finishes.
+  void End(const absl::Status& s) {
+    file_ = ScriptedFile();
+    chunk_.Clear();
+    slot_->store(false);
+    Finish(ToGrpcStatus(s));
+  }
+
+  WorkerCore* core_;
+  v1::PutModelFileResponse* response_;
+  std::atomic<bool>* slot_;
+  v1::ModelFileChunk chunk_;
+  ScriptedFile file_;
+  int64_t total_ = 0;
+  bool started_ = false;
+};
+
 }  // namespace
+
+grpc::ServerReadReactor<v1::ModelFileChunk>* NewPutModelFileReactor(
+    WorkerCore* core, v1::PutModelFileResponse* response,
+    std::atomic<bool>* slot) {
+  return new PutModelFileReactor(core, response, slot);
+}
 
 grpc::ServerWriteReactor<v1::StateChunk>* NewSaveReactor(
     WorkerCore* core, const v1::SaveStateRequest& request) {

@@ -1,5 +1,6 @@
-// The reactors of SaveState and LoadState: a block's state in chunks
-// (rpc/state_chunks), checked and applied by the core.
+// The reactors of the chunked calls: SaveState and LoadState (a block's
+// state, rpc/state_chunks) and PutModelFile (a scripted model's file),
+// checked and applied by the core.
 #ifndef INTERLOCK_WORKER_STATE_REACTORS_H_
 #define INTERLOCK_WORKER_STATE_REACTORS_H_
 
@@ -18,6 +19,11 @@ grpc::ServerWriteReactor<interlock::v1::StateChunk>* NewSaveReactor(
 // clears it as soon as its caller has a status.
 grpc::ServerReadReactor<interlock::v1::StateChunk>* NewLoadReactor(
     WorkerCore* core, interlock::v1::LoadStateResponse* response,
+    std::atomic<bool>* slot);
+
+// `slot` as NewLoadReactor's, for PutModelFile.
+grpc::ServerReadReactor<interlock::v1::ModelFileChunk>* NewPutModelFileReactor(
+    WorkerCore* core, interlock::v1::PutModelFileResponse* response,
     std::atomic<bool>* slot);
 
 }  // namespace interlock

@@ -122,6 +122,52 @@ void WorkerCore::Configure(
   });
 }
 
+void WorkerCore::Release(const v1::ReleaseRequest& request,
+                         std::function<void(absl::Status)> done) {
+  auto proven = [&request](const std::string& run_id, int64_t generation,
+                           const std::string& key) {
+    return request.run_id() == run_id && request.generation() > generation &&
+           request.stream_key() == key;
+  };
+  {
+    // A replica woken inside a reduction its group gave up on would wait
+    // there until Gloo's timeout: let it go first (as Configure does).
+    std::lock_guard<std::mutex> l(group_mu_);
+    if (live_group_.group && proven(live_group_.run_id, live_group_.generation,
+                                    live_group_.stream_key)) {
+      live_group_.group->Abandon();
+    }
+  }
+  host_.Post([this, request, proven, done = std::move(done)] {
+    if (!run_ || !proven(run_->run_id, run_->generation, run_->stream_key)) {
+      // Tells nothing of the configured run.
+      done(absl::FailedPreconditionError(
+          "release: not the run and generation this worker holds"));
+      return;
+    }
+    LOG(WARNING) << "dropped from run " << request.run_id() << ": block "
+                 << run_->block << " replica " << run_->replica
+                 << " was left out of generation " << request.generation();
+    EndRun(absl::AbortedError(absl::StrCat("dropped from run ",
+                                           request.run_id(), " (generation ",
+                                           request.generation(), ")")));
+    if (on_configured_) on_configured_(false);
+    if (on_released_) on_released_(request.run_id(), request.generation());
+    done(absl::OkStatus());
+  });
+}
+
+bool WorkerCore::HoldsModelFile(const std::string& sha256) const {
+  return HoldsScriptedFile(sha256);
+}
+
+absl::Status WorkerCore::StageModelFile(ScriptedFile file) {
+  const std::string name = file.name;
+  absl::Status s = StageScriptedFile(std::move(file), options_.max_model_bytes);
+  if (!s.ok()) LOG(WARNING) << "refused put_model_file " << name << ": " << s;
+  return s;
+}
+
 absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     const v1::ConfigureRequest& req) {
   if (run_ && run_->run_id == req.run_id() &&
@@ -144,7 +190,7 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
 
   ConfigureThreads(spec.config.training().threads_per_block());
   RETURN_IF_ERROR(HoldScriptedFiles(std::exchange(spec.model_files, {}),
-                                    options_.max_message_bytes));
+                                    options_.max_model_bytes));
   ASSIGN_OR_RETURN(auto trainer,
                    BlockTrainer::Create(spec.config, spec.shape, spec.block,
                                         options_.device));
@@ -159,12 +205,13 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     ASSIGN_OR_RETURN(
         auto group,
         ReplicaGroup(
-            run->collective_address,
+            run->collective_address, options_.store_client,
             absl::StrCat(run->run_id, "/", run->generation, "/", run->block),
             run->replica, run->replicas, options_.collective_host));
     {
       std::lock_guard<std::mutex> l(group_mu_);
-      live_group_ = LiveGroup{run->run_id, run->generation, group};
+      live_group_ =
+          LiveGroup{run->run_id, run->generation, run->stream_key, group};
     }
     trainer->SetReplicas(std::move(group), run->config.training().reduction());
   }
@@ -201,6 +248,7 @@ void WorkerCore::EndRun(const absl::Status& ended) {
     live_group_ = LiveGroup();
   }
   if (!run_) return;
+  if (run_->metrics) run_->metrics->configured->Set(0);
   run_->CloseLinks();
   std::map<int, std::shared_ptr<UpstreamSink>> old;
   std::shared_ptr<ControlSink> old_control;

@@ -16,6 +16,8 @@
 #include "proto/worker.pb.h"
 #include "services/block_archive.h"
 #include "services/block_host.h"
+#include "services/key_value_store.h"
+#include "services/scripted.h"
 #include "services/state_archive.h"
 #include "services/wire.h"
 #include "services/wire_frame.h"
@@ -55,6 +57,8 @@ class DownstreamLink {
 struct WorkerOptions {
   // The server's receive limit; a run needing larger messages is refused.
   int64_t max_message_bytes = 256 << 20;
+  // A scripted model's files this worker keeps (PutModelFile), in all.
+  int64_t max_model_bytes = int64_t{1} << 30;
   TensorLimits limits;
   // Largest block state LoadState accepts (a configured block's own bound,
   // derived from its tensors, is usually far smaller).
@@ -70,6 +74,11 @@ struct WorkerOptions {
   // The address this worker's reduction traffic with the other replicas of
   // its block uses (--collective_host; empty: the machine's host name).
   std::string collective_host;
+  // A client of the rendezvous store at an address ("host:port", from
+  // Configure): the coordinator's, over gRPC with the worker's token and
+  // TLS (server.cc).
+  std::function<std::shared_ptr<KeyValueClient>(const std::string& address)>
+      store_client;
 };
 
 class WorkerCore {
@@ -107,6 +116,11 @@ class WorkerCore {
   // size and SHA-256 before decoding anything. Answers the loaded step.
   void LoadState(BlockStateArchive state,
                  std::function<void(absl::StatusOr<int64_t>)> done);
+  // A scripted model's file sent ahead of Configure (PutModelFile): kept
+  // by content within options().max_model_bytes. HoldsModelFile: whether
+  // one with this SHA-256 is kept already (it need not come again).
+  bool HoldsModelFile(const std::string& sha256) const;
+  absl::Status StageModelFile(ScriptedFile file);
   const WorkerOptions& options() const { return options_; }
   // This process's identity (random, drawn at construction).
   const std::string& instance_id() const { return instance_id_; }
@@ -138,9 +152,26 @@ class WorkerCore {
                    std::shared_ptr<ControlSink> sink);
   void CloseControl(const ControlSink* sink);
 
-  // Called with true once a block is configured (health SERVING).
+  // The coordinator left this worker out of a newer generation of its run
+  // (it stopped answering, and came back): the block is let go and
+  // `on_released` runs, so that the process registers again or exits
+  // instead of idling. The request must carry the configured run's id and
+  // this block's stream key of the generation it holds (only the
+  // coordinator and the block before know it) and a newer generation;
+  // anything else is FAILED_PRECONDITION and changes nothing.
+  void Release(const interlock::v1::ReleaseRequest& request,
+               std::function<void(absl::Status)> done);
+
+  // Called with true once a block is configured (health SERVING), false
+  // once it was released.
   void set_on_configured(std::function<void(bool)> f) {
     on_configured_ = std::move(f);
+  }
+  // Called on the executor after Release, with the run and the generation
+  // that left this worker out.
+  void set_on_released(
+      std::function<void(const std::string& run_id, int64_t generation)> f) {
+    on_released_ = std::move(f);
   }
   // Stops the executor; pending work is abandoned.
   void Shutdown();
@@ -189,6 +220,7 @@ class WorkerCore {
   WorkerMetrics* const metrics_;
   const LinkFactory link_factory_;
   std::function<void(bool)> on_configured_;
+  std::function<void(const std::string&, int64_t)> on_released_;
 
   // Owned by the executor thread.
   std::unique_ptr<Run> run_;
@@ -210,6 +242,7 @@ class WorkerCore {
   struct LiveGroup {
     std::string run_id;
     int64_t generation = 0;
+    std::string stream_key;
     std::shared_ptr<Collective> group;
   };
   std::mutex group_mu_;

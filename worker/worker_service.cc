@@ -233,6 +233,35 @@ grpc::ServerReadReactor<v1::StateChunk>* WorkerService::LoadState(
   return NewLoadReactor(core_, response, &loading_);
 }
 
+grpc::ServerReadReactor<v1::ModelFileChunk>* WorkerService::PutModelFile(
+    grpc::CallbackServerContext* ctx, v1::PutModelFileResponse* response) {
+  if (absl::Status s = Authenticate(ctx); !s.ok()) {
+    return new Refused<grpc::ServerReadReactor<v1::ModelFileChunk>>(s);
+  }
+  // A file is buffered whole before it is kept: one at a time bounds that
+  // memory by --max_model_bytes.
+  if (putting_.exchange(true)) {
+    return new Refused<grpc::ServerReadReactor<v1::ModelFileChunk>>(
+        absl::ResourceExhaustedError(
+            "worker: another put_model_file is in progress (one at a time)"));
+  }
+  return NewPutModelFileReactor(core_, response, &putting_);
+}
+
+grpc::ServerUnaryReactor* WorkerService::Release(
+    grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* request,
+    v1::ReleaseResponse* /*response*/) {
+  auto* reactor = ctx->DefaultReactor();
+  if (absl::Status s = Authenticate(ctx); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  core_->Release(*request, [reactor](absl::Status s) {
+    reactor->Finish(ToGrpcStatus(s));
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* WorkerService::Configure(
     grpc::CallbackServerContext* ctx, const v1::ConfigureRequest* request,
     v1::ConfigureResponse* response) {

@@ -31,7 +31,12 @@ using WorkerServiceBase = interlock::v1::Worker::WithCallbackMethod_Configure<
                 interlock::v1::Worker::WithCallbackMethod_LoadState<
                     interlock::v1::Worker::WithCallbackMethod_Control<
                         interlock::v1::Worker::WithCallbackMethod_Identify<
-                            interlock::v1::Worker::Service>>>>>>>;
+                            interlock::v1::Worker::
+                                WithCallbackMethod_PutModelFile<
+                                    interlock::v1::Worker::
+                                        WithCallbackMethod_Release<
+                                            interlock::v1::Worker::
+                                                Service>>>>>>>>>;
 
 // Every method checks the token first: a call without the right one ends
 // with UNAUTHENTICATED and never reaches the core.
@@ -56,9 +61,16 @@ class WorkerService final : public WorkerServiceBase {
   grpc::ServerReadReactor<interlock::v1::StateChunk>* LoadState(
       grpc::CallbackServerContext* ctx,
       interlock::v1::LoadStateResponse* response) override;
+  grpc::ServerReadReactor<interlock::v1::ModelFileChunk>* PutModelFile(
+      grpc::CallbackServerContext* ctx,
+      interlock::v1::PutModelFileResponse* response) override;
   grpc::ServerWriteReactor<interlock::v1::ControlEvent>* Control(
       grpc::CallbackServerContext* ctx,
       const interlock::v1::ControlRequest* request) override;
+  grpc::ServerUnaryReactor* Release(
+      grpc::CallbackServerContext* ctx,
+      const interlock::v1::ReleaseRequest* request,
+      interlock::v1::ReleaseResponse* response) override;
   grpc::ServerUnaryReactor* Identify(
       grpc::CallbackServerContext* ctx,
       const interlock::v1::IdentifyRequest* request,
@@ -74,6 +86,7 @@ class WorkerService final : public WorkerServiceBase {
   const WorkerServiceOptions options_;
   std::atomic<int> open_streams_{0};
   std::atomic<bool> loading_{false};  // a LoadState call is open
+  std::atomic<bool> putting_{false};  // a PutModelFile call is open
 };
 
 // Opens gRPC streams to the next block for WorkerCore, with this worker's

@@ -511,14 +511,47 @@ def build_head(head: str, s: _Shape, classes: int,
 # ------------------------------------------------------------- networks
 
 class Network(nn.Module):
-    """Blocks in order, then (for an early exit) one head."""
+    """Blocks in order, then (for an early exit) one head.
 
-    def __init__(self, blocks: List[nn.Module], head: Optional[nn.Module]):
+    It carries what a user needs to feed it (export.pbtxt's fields, as
+    attributes that survive TorchScript): `input_shape` (one sample),
+    `input_dtype`, `class_names`, `language_model`, and the normalisation
+    of training, which forward applies itself: images that were stored as
+    bytes are taken scaled to [0, 1] (as torchvision's ToTensor gives them)
+    and normalised per channel with `mean` and `std` here.
+    """
+
+    input_shape: List[int]
+    input_dtype: str
+    class_names: List[str]
+    language_model: bool
+    normalise: bool
+
+    def __init__(self, blocks: List[nn.Module], head: Optional[nn.Module],
+                 exp: Optional[Message] = None):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.head = head if head is not None else nn.Identity()
+        exp = exp if exp is not None else Message()
+        self.input_shape = [int(d) for d in exp.all("input_shape")]
+        self.input_dtype = str(exp.get("input_dtype", "float32"))
+        self.class_names = [str(n) for n in exp.all("class_names")]
+        self.language_model = bool(exp.get("language_model", False))
+        mean = [float(m) for m in exp.all("mean")]
+        std = [float(v) for v in exp.all("std")]
+        if len(mean) != len(std):
+            raise ValueError("export.pbtxt: mean and std differ in length")
+        self.normalise = bool(mean)
+        # float64 values rounded to float32, as the C++ side does.
+        shape = (len(mean), 1, 1)
+        self.register_buffer("mean", torch.tensor(
+            mean, dtype=torch.float64).float().reshape(shape))
+        self.register_buffer("std", torch.tensor(
+            std, dtype=torch.float64).float().reshape(shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.normalise:
+            x = (x - self.mean) / self.std
         for block in self.blocks:
             x = block(x)
         return self.head(x)
@@ -607,6 +640,7 @@ class _Built:
         # Exits whose file interlock export wrote (scripted user heads).
         self.written_by_export: Dict[int, str] = {}
         self.network_by_export: Optional[str] = None
+        self.exp: Optional[Message] = None  # export.pbtxt
 
 
 def _model_family(model: Message) -> str:
@@ -664,6 +698,7 @@ def _rebuild(directory: str, exp: Message,
                          "family")
     counts = _partition(model, exp, len(units))
     built = _Built()
+    built.exp = exp
     if scripted and by_block.get(-1):
         built.network_by_export = by_block[-1]
     user_heads = {}
@@ -764,9 +799,9 @@ def build_modules(directory: str) -> Dict[int, nn.Module]:
     """The exported networks as PyTorch modules (not scripted), eval mode:
     {-1: the whole network, k: exit k (blocks 0..k, head k)}."""
     built = _load(directory)
-    out = {-1: Network(built.blocks, None).eval()}
+    out = {-1: Network(built.blocks, None, built.exp).eval()}
     for k, head in built.heads.items():
-        out[k] = Network(built.blocks[:k + 1], head).eval()
+        out[k] = Network(built.blocks[:k + 1], head, built.exp).eval()
     return out
 
 
@@ -797,9 +832,9 @@ def build_networks(directory: str, overwrite: bool = False) -> Dict[int, str]:
         if name in ours and os.path.isfile(path) and not overwrite:
             continue
         if k == -1:
-            net = Network(built.blocks, None)
+            net = Network(built.blocks, None, built.exp)
         else:
-            net = Network(built.blocks[:k + 1], built.heads[k])
+            net = Network(built.blocks[:k + 1], built.heads[k], built.exp)
         _save(net, path)
         ours[name] = k
     _record_networks(directory, ours)

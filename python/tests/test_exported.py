@@ -13,7 +13,9 @@ Needs the built CLI with its `export` command: $INTERLOCK_CLI, else
 build/coordinator/interlock of this checkout; skipped without it.
 """
 
+import gzip
 import json
+import math
 import os
 import random
 import shutil
@@ -22,10 +24,12 @@ import sys
 import tempfile
 import unittest
 
+import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from interlock import build_networks, load_exit
+from interlock import build_networks, export_model, load_exit
 from tests.examples import load_example
 from interlock.exported import build_modules, read_export, read_pbtxt
 
@@ -298,6 +302,149 @@ class ExportedNetworksTest(unittest.TestCase):
             torch.save(bad, path)
             with self.assertRaisesRegex(ValueError, name.replace(".", r"\.")):
                 build_networks(export, overwrite=True)
+
+
+_FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def _fmnist_test(n):
+    """The first n test images (uint8 [n, 1, 28, 28]) and labels."""
+    with gzip.open(os.path.join(_FMNIST, "t10k-images-idx3-ubyte.gz")) as f:
+        images = f.read()[16:16 + n * 784]
+    with gzip.open(os.path.join(_FMNIST, "t10k-labels-idx1-ubyte.gz")) as f:
+        labels = f.read()[8:8 + n]
+    x = torch.tensor(list(images), dtype=torch.uint8).reshape(n, 1, 28, 28)
+    return x, torch.tensor(list(labels), dtype=torch.long)
+
+
+# A causal LM that takes exactly `context` tokens: its positions and mask
+# are used whole, so a shorter input fails.
+class _FixedEmbed(nn.Module):
+    def __init__(self, vocab, context, width):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Parameter(torch.randn(context, width) * 0.02)
+
+    def forward(self, ids):
+        return self.tokens(ids) + self.positions
+
+
+class _FixedCausal(nn.Module):
+    def __init__(self, context, width):
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.register_buffer(
+            "mask", torch.full((context, context), -math.inf).triu(1))
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        a = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1]) + self.mask
+        return x + self.out(a.softmax(-1) @ v)
+
+
+class UsingExportsTest(unittest.TestCase):
+    """What a user does with a trained run besides evaluating it: networks
+    that prepare their own inputs, predict on a file, generate from a
+    scripted language model of fixed context."""
+
+    setUp = ExportedNetworksTest.setUp
+    tearDown = ExportedNetworksTest.tearDown
+    train_and_export = ExportedNetworksTest.train_and_export
+    check = ExportedNetworksTest.check
+
+    def test_networks_normalise_and_predict_reads_a_file(self):
+        if not os.path.isfile(os.path.join(_FMNIST,
+                                           "t10k-images-idx3-ubyte.gz")):
+            self.skipTest(f"no Fashion-MNIST in {_FMNIST} (scripts/setup.sh)")
+        cnn = load_example()
+        cnn.export(os.path.join(self.dir, "models", "small_cnn"))
+        spec = ('scripted { path: "models/small_cnn" } partition: "2,2,rest" '
+                'head: "gbpl_fc"')
+        n = 40
+        data = (f"data {{ kind: FASHION_MNIST max_train: 64 max_test: {n} "
+                f"}}\n")
+        export, summary = self.train_and_export(
+            _config("fmnist", spec, data, 8))
+        raw, y = _fmnist_test(n)
+        # The networks take images scaled to [0, 1], as ToTensor gives them,
+        # and normalise them as training did.
+        scaled = raw.float() / 255
+        self.check(export, summary, scaled, y, blocks=3)
+        exp = read_export(export)
+        for k in (None, 0, 1):
+            net = load_exit(export, k)
+            self.assertEqual(list(net.input_shape), [1, 28, 28])
+            self.assertEqual(net.input_dtype, "float32")
+            self.assertEqual(list(net.class_names), exp.all("class_names"))
+            self.assertEqual(len(net.class_names), 10)
+            self.assertFalse(net.language_model)
+            self.assertTrue(net.normalise)
+        # `interlock predict --input` on the raw bytes as .npy labels them
+        # as the exported network does.
+        path = os.path.join(self.dir, "images.npy")
+        np.save(path, raw.numpy())
+        out = _run([_CLI, "predict", "--run", os.path.join(self.dir, "out"),
+                    "--input", path, "--count", str(n)], self.dir)
+        with torch.no_grad():
+            want = load_exit(export).forward(scaled).argmax(-1).tolist()
+        lines = [l for l in out.splitlines() if l.startswith(path)]
+        self.assertEqual(len(lines), n, out)
+        for i, line in enumerate(lines):
+            name = exp.all("class_names")[want[i]]
+            self.assertIn(f"{path}[{i}]: class {want[i]} \"{name}\"", line)
+        # One sample without a batch dimension; a wrong shape is refused.
+        np.save(path, raw[3].numpy())
+        out = _run([_CLI, "predict", "--run", os.path.join(self.dir, "out"),
+                    "--input", path], self.dir)
+        self.assertIn(f"{path}[0]: class {want[3]} ", out)
+        np.save(path, raw[:, :, :27].numpy())
+        p = subprocess.run([_CLI, "predict", "--run",
+                            os.path.join(self.dir, "out"), "--input", path],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(f"{path}: shape ({n}, 1, 27, 28), expected", p.stderr)
+
+    def test_generate_from_a_fixed_context_scripted_lm(self):
+        context, width = 8, 16
+        torch.manual_seed(4)
+        units = [_FixedEmbed(256, context, width),
+                 _FixedCausal(context, width), _FixedCausal(context, width),
+                 nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 256))]
+        models = os.path.join(self.dir, "models", "lm")
+        export_model(units, torch.randint(0, 256, (2, context)), models,
+                     loss="tokens")
+        data = _text(3000, seed=8)
+        path = os.path.join(self.dir, "corpus.txt")
+        with open(path, "wb") as f:
+            f.write(data)
+        spec = 'scripted { path: "models/lm" } partition: "2,rest" head: "ln_fc"'
+        _, _ = self.train_and_export(_config(
+            "lm", spec, f'data {{ kind: TEXT path: "{path}" }}\n', 8,
+            optimizer="kind: ADAMW", lr=0.003))
+        run = os.path.join(self.dir, "out")
+        # Bytes, not UTF-8: what an untrained model samples.
+        p = subprocess.run([_CLI, "generate", "--run", run, "--prompt", "ab",
+                            "--tokens", "12", "--temperature", "0"],
+                           cwd=self.dir, capture_output=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        text = p.stdout[:-1]  # the line's newline
+        self.assertEqual(len(text), 14)
+        # Greedy decoding by hand with the exported network: the prompt in
+        # a whole window, zeros after it (causal: they change nothing).
+        net = load_exit(os.path.join(self.dir, "export"))
+        ids = list(b"ab")
+        with torch.no_grad():
+            for _ in range(12):
+                window = ids[-context:]
+                x = torch.tensor([window + [0] * (context - len(window))])
+                ids.append(int(net(x)[0, len(window) - 1].argmax()))
+        self.assertEqual(text, bytes(ids))
+        # The same as token ids.
+        out = _run([_CLI, "generate", "--run", run, "--prompt-ids", "97 98",
+                    "--tokens", "12", "--temperature", "0"], self.dir)
+        self.assertEqual(out.strip().split("\n")[-1],
+                         " ".join(str(i) for i in ids))
 
 
 class TextFormatTest(unittest.TestCase):
