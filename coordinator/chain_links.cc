@@ -19,8 +19,6 @@
 
 namespace interlock {
 
-namespace v1 = interlock::v1;
-
 namespace {
 
 // Largest block state accepted from a worker.

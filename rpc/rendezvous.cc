@@ -9,8 +9,6 @@
 
 namespace interlock {
 
-namespace v1 = interlock::v1;
-
 // The thin adapter: checks the token, then asks the store.
 class RendezvousServer::Service final : public v1::Rendezvous::CallbackService {
  public:

@@ -1,10 +1,15 @@
 #include "services/state_archive.h"
 
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/import_read.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -215,9 +220,20 @@ absl::Status CheckPickle(absl::string_view p, const std::string& what) {
       absl::StrCat(what, ": pickle does not end in STOP"));
 }
 
-}  // namespace
+// Where the parts of an archive that passed the zip checks lie in its bytes.
+struct ArchiveParts {
+  absl::string_view pickle;  // data.pkl
+  int64_t version = 0;       // the version record
+  // Every entry by its name inside the archive's folder ("data/0", ...).
+  std::map<std::string, absl::string_view> records;
+};
 
-absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
+// The zip checks: where every entry lies, or the first problem. Each way we
+// know LibTorch's zip reader (miniz under PyTorchStreamReader) refused an
+// archive is refused here too, so that reading the entries ourselves does
+// not accept what LibTorch refused.
+absl::StatusOr<ArchiveParts> LocateParts(absl::string_view b,
+                                         const std::string& what) {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", why));
   };
@@ -249,7 +265,8 @@ absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
     const uint64_t record = Le(b, locator + 8, 8);
     if (Le(b, locator + 4, 4) != 0 || Le(b, locator + 16, 4) != 1 ||
         record > locator || locator - record < kZip64RecordSize ||
-        Le(b, record, 4) != kZip64Record) {
+        Le(b, record, 4) != kZip64Record ||
+        Le(b, record + 4, 8) < kZip64RecordSize - 12) {
       return bad("damaged zip64 record");
     }
     entries = Le(b, record + 32, 8);
@@ -265,13 +282,11 @@ absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
       entries > dir_size / kEntrySize) {
     return bad("zip directory out of bounds");
   }
-  absl::string_view pickle;
+  ArchiveParts parts;
   int pickles = 0;
-  // LibTorch takes the folder of the first entry as the archive's name and
-  // needs its version record; its reader leaks when it throws for want of
-  // them, so they are checked here.
+  // LibTorch takes the folder of the first entry as the archive's name;
+  // every entry must be in it.
   std::string folder;
-  absl::string_view version;
   size_t at = dir_at;
   for (uint64_t k = 0; k < entries; ++k) {
     if (at + kEntrySize > dir_at + dir_size ||
@@ -285,6 +300,7 @@ absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
     const uint64_t name_len = Le(b, at + 28, 2);
     const uint64_t extra_len = Le(b, at + 30, 2);
     const uint64_t comment_len = Le(b, at + 32, 2);
+    const uint64_t disk = Le(b, at + 34, 2);
     const uint64_t local = Le(b, at + 42, 4);
     const size_t next = at + kEntrySize + name_len + extra_len + comment_len;
     if (next > dir_at + dir_size) {
@@ -294,8 +310,19 @@ absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
     // Names come from the file: escaped and cut short in messages.
     const std::string entry =
         absl::StrCat("zip entry '", absl::CHexEscape(name.substr(0, 64)), "'");
-    if (method != 0 || packed != size || (flags & 1) != 0) {
+    // Flag bits 0, 6 and 13 mark encryption.
+    if (method != 0 || packed != size || (flags & 0x2041) != 0) {
       return bad(entry + " is compressed or encrypted; LibTorch stores");
+    }
+    // Bit 5: patch data. LibTorch's reader refused it only when reading the
+    // entry, after it held the directory, and that refusal leaked (found by
+    // fuzz_checkpoint_reader's leak check on the version record).
+    if ((flags & 0x20) != 0) return bad(entry + " is marked as patch data");
+    if (disk != 0) return bad(entry + " is on another part (multi-part zip)");
+    // All ones: the real value is in a zip64 field, which LibTorch's
+    // writer uses only past 4 GiB, more than any state may be.
+    if (size == 0xffffffff || local == 0xffffffff) {
+      return bad(entry + " has zip64 sizes");
     }
     if (local + kLocalSize > dir_at || Le(b, local, 4) != kLocalHeader) {
       return bad(entry + ": local header out of bounds or damaged");
@@ -314,23 +341,36 @@ absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
     } else if (!absl::StartsWith(name, folder)) {
       return bad(absl::StrCat(entry, " is not in the folder of the first"));
     }
+    const absl::string_view data = b.substr(data_at, size);
     if (name == folder + "data.pkl") {
       ++pickles;
-      pickle = b.substr(data_at, size);
+      parts.pickle = data;
+    } else if (!parts.records.emplace(name.substr(folder.size()), data)
+                    .second) {
+      // Which of two entries a reader takes is up to the reader.
+      return bad(entry + " appears twice");
     }
-    if (name == folder + "version") version = b.substr(data_at, size);
     at = next;
   }
   if (pickles != 1) {
     return bad(absl::StrCat(pickles, " data.pkl entries, expected 1"));
   }
   // LibTorch 1.13 reads format versions 1 to 10.
-  int v = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(version), &v) || v < 1 ||
-      v > 10) {
+  const auto version = parts.records.find("version");
+  if (version == parts.records.end() ||
+      !absl::SimpleAtoi(absl::StripAsciiWhitespace(version->second),
+                        &parts.version) ||
+      parts.version < 1 || parts.version > 10) {
     return bad("no usable version record");
   }
-  return CheckPickle(pickle, what);
+  return parts;
+}
+
+}  // namespace
+
+absl::Status CheckStateArchive(absl::string_view b, const std::string& what) {
+  ASSIGN_OR_RETURN(const ArchiveParts parts, LocateParts(b, what));
+  return CheckPickle(parts.pickle, what);
 }
 
 namespace {
@@ -353,10 +393,22 @@ c10::IValue NamedToIValue(const std::map<std::string, torch::Tensor>& named) {
   return d;
 }
 
+// The records the unpickler was given, by the address of their copy (a
+// later copy at a freed copy's address replaces it): a tensor's storage is
+// checked against the record it really holds.
+struct GivenRecord {
+  std::string name;
+  size_t bytes = 0;
+};
+using GivenRecords = std::map<const void*, GivenRecord>;
+
 // The unpickler builds tensors from the sizes, strides and offsets in the
-// file without checking them against their storage; check before any
-// value is read. Only metadata is read, so the tensor may be on any device.
-absl::Status CheckInBounds(const torch::Tensor& t, const std::string& what) {
+// file without checking them against their storage, and sizes the storage
+// by the element count the pickle names, not by the record it read; check
+// both before any value is read. Only metadata is read, so the tensor may
+// be on any device.
+absl::Status CheckInBounds(const torch::Tensor& t, const GivenRecords& given,
+                           const std::string& what) {
   if (!t.defined() || t.layout() != torch::kStrided || t.is_quantized() ||
       !t.has_storage()) {
     return absl::InvalidArgumentError(
@@ -383,43 +435,73 @@ absl::Status CheckInBounds(const torch::Tensor& t, const std::string& what) {
         what, ": ", c10::str(t.sizes()), " at offset ", t.storage_offset(),
         " reaches past its storage of ", t.storage().nbytes(), " bytes"));
   }
+  const auto record = given.find(t.storage().data());
+  const size_t held = record == given.end() ? 0 : record->second.bytes;
+  if (t.storage().nbytes() > held) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": its storage claims ", t.storage().nbytes(), " bytes, ",
+        record == given.end()
+            ? std::string("and the archive gave it none")
+            : absl::StrCat("its record '",
+                           absl::CHexEscape(record->second.name.substr(0, 64)),
+                           "' holds ", held)));
+  }
   return absl::OkStatus();
 }
 
-// LibTorch's own in-memory reader (behind torch::pickle_load) copies
-// whatever range the zip directory in the file asks for, past the end of
-// the buffer too (found by fuzz_checkpoint_reader); this one stays inside.
-class BoundedReader : public caffe2::serialize::ReadAdapterInterface {
- public:
-  explicit BoundedReader(const std::string& bytes) : bytes_(bytes) {}
-  size_t size() const override { return bytes_.size(); }
-  size_t read(uint64_t pos, void* buf, size_t n,
-              const char* what) const override {
-    if (pos >= bytes_.size()) return 0;
-    n = std::min<uint64_t>(n, bytes_.size() - pos);
-    std::memcpy(buf, bytes_.data() + pos, n);
+// The type tags our writer puts on containers (restore_type_tag). Any other
+// text would go to TorchScript's type parser, which an archive has no
+// reason to reach.
+c10::TypePtr ParseTypeTag(const std::string& text) {
+  TORCH_CHECK(text == "Dict[str, Tensor]", "type tag '",
+              absl::CHexEscape(text.substr(0, 64)),
+              "' is not one a block state archive holds");
+  return torch::jit::Unpickler::defaultTypeParser(text);
+}
+
+// What torch::pickle_load does, over the entries LocateParts found and
+// never through LibTorch's zip reader, which leaks when it refuses an
+// archive (its constructor throws past its own cleanup; found by
+// fuzz_checkpoint_reader's leak check). Plain values and tensors only (no
+// class resolver, so an archive naming any other type is refused), all read
+// onto the CPU whatever device the file names (the trainer copies them to
+// its own). Each record is copied, as LibTorch's reader copied it, at most
+// once: a pickle naming one record many times cannot multiply its size.
+c10::IValue Unpickle(const ArchiveParts& parts, GivenRecords* given) {
+  size_t at = 0;
+  auto read = [&parts, &at](char* buf, size_t n) -> size_t {
+    n = std::min(n, parts.pickle.size() - at);
+    if (n == 0) return 0;
+    std::memcpy(buf, parts.pickle.data() + at, n);
+    at += n;
     return n;
-  }
-
- private:
-  const std::string& bytes_;
-};
-
-// torch::pickle_load with the bounded reader: plain values and tensors only
-// (no class resolver, so an archive naming any other type is refused), all
-// read onto the CPU whatever device the file names (the trainer copies them
-// to its own).
-c10::IValue PickleLoad(const std::string& bytes) {
-  caffe2::serialize::PyTorchStreamReader reader(
-      std::make_shared<BoundedReader>(bytes));
-  return torch::jit::readArchiveAndTensors(
-      "data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
-      /*type_resolver=*/c10::nullopt, /*obj_loader=*/c10::nullopt,
-      /*device=*/c10::Device(c10::kCPU), reader);
+  };
+  std::set<std::string> read_once;
+  auto read_record = [&parts, given,
+                      &read_once](const std::string& key) -> at::DataPtr {
+    const std::string name = "data/" + key;
+    const auto it = parts.records.find(name);
+    TORCH_CHECK(it != parts.records.end(), "no record '",
+                absl::CHexEscape(name.substr(0, 64)), "' in the archive");
+    TORCH_CHECK(read_once.insert(name).second, "record '",
+                absl::CHexEscape(name.substr(0, 64)), "' is read twice");
+    at::DataPtr data = c10::GetCPUAllocator()->allocate(it->second.size());
+    if (!it->second.empty()) {
+      std::memcpy(data.get(), it->second.data(), it->second.size());
+      (*given)[data.get()] = {name, it->second.size()};
+    }
+    return data;
+  };
+  torch::jit::Unpickler unpickler(read, /*type_resolver=*/nullptr,
+                                  /*obj_loader=*/nullptr, read_record,
+                                  /*device=*/c10::Device(c10::kCPU),
+                                  /*use_storage_device=*/false, ParseTypeTag);
+  unpickler.set_version(parts.version);
+  return unpickler.parse_ivalue();
 }
 
 absl::StatusOr<std::map<std::string, torch::Tensor>> NamedFromIValue(
-    const c10::IValue& v, const std::string& what) {
+    const c10::IValue& v, const GivenRecords& given, const std::string& what) {
   if (!v.isGenericDict()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": not a dictionary of tensors"));
@@ -432,7 +514,8 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> NamedFromIValue(
     }
     const std::string name = e.key().toStringRef();
     const torch::Tensor& t = e.value().toTensor();
-    RETURN_IF_ERROR(CheckInBounds(t, absl::StrCat(what, " '", name, "'")));
+    RETURN_IF_ERROR(
+        CheckInBounds(t, given, absl::StrCat(what, " '", name, "'")));
     out[name] = t;
   }
   return out;
@@ -456,9 +539,11 @@ absl::StatusOr<std::string> EncodeBlockState(const BlockStateRecord& record) {
 
 absl::StatusOr<BlockStateRecord> DecodeBlockState(const std::string& bytes,
                                                   const std::string& what) {
-  RETURN_IF_ERROR(CheckStateArchive(bytes, what));
+  ASSIGN_OR_RETURN(const ArchiveParts parts, LocateParts(bytes, what));
+  RETURN_IF_ERROR(CheckPickle(parts.pickle, what));
   try {
-    const c10::IValue v = PickleLoad(bytes);
+    GivenRecords given;
+    const c10::IValue v = Unpickle(parts, &given);
     // A copy: gcc's bounds check misreads the tuple's inline storage.
     const std::vector<c10::IValue> e = v.isTuple()
                                            ? v.toTupleRef().elements().vec()
@@ -479,9 +564,9 @@ absl::StatusOr<BlockStateRecord> DecodeBlockState(const std::string& bytes,
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": the archive is of step ", record.step));
     }
-    ASSIGN_OR_RETURN(record.tensors, NamedFromIValue(e[3], what));
+    ASSIGN_OR_RETURN(record.tensors, NamedFromIValue(e[3], given, what));
     ASSIGN_OR_RETURN(record.optimizer,
-                     NamedFromIValue(e[4], what + " (optimizer)"));
+                     NamedFromIValue(e[4], given, what + " (optimizer)"));
     return record;
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(

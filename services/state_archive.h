@@ -1,9 +1,11 @@
 // A block's training state as bytes (checkpoints, SaveState/LoadState): the
 // archive format, and the checks that run before LibTorch reads one.
-// LibTorch 1.13 trusts the file: a deflated entry may claim gigabytes, the
-// unpickler reserves whatever a string length or memo index in the pickle
-// says, and tensors come back with whatever sizes and offsets the file
-// gives. All were found by fuzz_checkpoint_reader.
+// LibTorch 1.13 trusts the file: a deflated entry may claim gigabytes, its
+// zip reader leaks when it refuses an archive, the unpickler reserves
+// whatever a string length or memo index in the pickle says, and tensors
+// come back with whatever sizes, offsets and storage sizes the file gives.
+// All but the storage sizes were found by fuzz_checkpoint_reader.
+// LibTorch's zip reader is not used on archives at all.
 #ifndef INTERLOCK_SERVICES_STATE_ARCHIVE_H_
 #define INTERLOCK_SERVICES_STATE_ARCHIVE_H_
 
@@ -19,10 +21,11 @@
 
 namespace interlock {
 
-// OK when `bytes` is a zip of one part, without encryption (its directory
-// taken from the zip64 record when there is one, as LibTorch's reader
-// does), whose entries are all under 4 GiB, stored uncompressed inside the
-// buffer and in one folder, with a version record and one data.pkl entry
+// OK when `bytes` is a zip of one part, without encryption or patch data
+// (its directory taken from the zip64 record when there is one, as
+// LibTorch's reader does), whose entries are all under 4 GiB, stored
+// uncompressed inside the buffer, in one folder and under distinct names,
+// with a version record LibTorch reads (1 to 10) and one data.pkl entry
 // holding a protocol-2 pickle that uses only the opcodes LibTorch's pickler
 // writes, every length and memo index within bounds, ending in STOP.
 // Otherwise INVALID_ARGUMENT naming `what` and the first problem.
@@ -44,10 +47,12 @@ struct BlockStateRecord {
 absl::StatusOr<std::string> EncodeBlockState(const BlockStateRecord& record);
 
 // Reads an archive EncodeBlockState wrote: CheckStateArchive first, then
-// LibTorch's unpickler over a reader that stays inside `bytes`, without a
-// class resolver (only tensors and plain values), then every tensor is
-// checked to be dense, contiguous and inside its storage. It does not match
-// names or shapes against a block (the trainer does). Errors name `what`.
+// LibTorch's unpickler over the entries that check located in `bytes` (each
+// tensor record copied once at most), without a class resolver (only
+// tensors and plain values), then every tensor is checked to be dense,
+// contiguous and inside its storage, and every storage inside the record it
+// was read from. It does not match names or shapes against a block (the
+// trainer does). Errors name `what`.
 absl::StatusOr<BlockStateRecord> DecodeBlockState(const std::string& bytes,
                                                   const std::string& what);
 

@@ -1,10 +1,10 @@
 // libFuzzer target: the checkpoint reader. The first byte picks the part:
 // even, the manifest parser (the coordinator reads manifest.pbtxt); odd, a
-// block's state archive as a worker loads it (BlockTrainer::LoadState,
-// LibTorch's archive reader). Whatever the input, the reader must return a
-// status: a manifest it accepts must survive a write and a second read
-// unchanged, and an archive it refuses must leave the block's parameters
-// unchanged.
+// block's state archive as a worker loads it (BlockTrainer::LoadState: our
+// zip and pickle checks, LibTorch's unpickler). Whatever the input, the
+// reader must return a status and leak nothing (the leak check stays on): a
+// manifest it accepts must survive a write and a second read unchanged, and
+// an archive it refuses must leave the block's parameters unchanged.
 #include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/util/message_differencer.h>
 

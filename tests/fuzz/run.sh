@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of a fuzz build for a given time, one after another,
 # from the seed corpus in tests/fuzz/corpus. Prints libFuzzer's final stats of
-# each run; exits non-zero when a target finds a crash (the reproducer is in
-# BUILD/fuzz-artifacts).
+# each run; exits non-zero when a target finds a crash or a leak (the
+# reproducer is in BUILD/fuzz-artifacts).
 # Usage: tests/fuzz/run.sh BUILD_DIR SECONDS [TARGET...]
 set -euo pipefail
 
@@ -25,16 +25,11 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$work"
   log="$BUILD/fuzz-logs/$t.log"
   echo "fuzz: $t for ${SECONDS_EACH}s (log $log)"
-  # LibTorch 1.13's zip reader leaks its directory (about 800 bytes) when
-  # PyTorchStreamReader's constructor throws on a damaged archive, which the
-  # checkpoint reader's target does on most inputs; its leak check is off
-  # (docs/RELIABILITY.md). Every other target keeps it.
-  extra=()
-  [[ "$t" == fuzz_checkpoint_reader ]] && extra=(-detect_leaks=0)
   set +e
-  # One intra-op thread, as a worker runs.
+  # One intra-op thread, as a worker runs. Every target keeps libFuzzer's
+  # leak check (on by default): a leak is a failure like a crash.
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
-    "$bin" -max_total_time="$SECONDS_EACH" -print_final_stats=1 "${extra[@]}" \
+    "$bin" -max_total_time="$SECONDS_EACH" -print_final_stats=1 \
     -timeout=60 -rss_limit_mb=4096 -max_len=65536 \
     -artifact_prefix="$BUILD/fuzz-artifacts/$t-" "$work" "$seeds" >"$log" 2>&1
   rc=$?
