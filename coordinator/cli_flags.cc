@@ -182,6 +182,12 @@ ABSL_FLAG(double, temperature, 1.0,
           "byte every time)");
 ABSL_FLAG(int, top_k, 0,
           "generate: sample among the K most likely bytes only (0: all)");
+ABSL_FLAG(bool, fit_schedule, true,
+          "with --budget or --budget-virtual (compare: on unless =false; "
+          "train: when given): a run does the steps its budget buys "
+          "(predicted from a short calibration run), its learning-rate "
+          "schedule spanning them, instead of the config's schedule cut at "
+          "the budget; a resumed train run keeps the steps it was fitted to");
 ABSL_FLAG(std::string, prompt_ids, "",
           "generate: token ids to continue, space- or comma-separated (a "
           "model of any vocabulary; prints ids)");
@@ -225,7 +231,8 @@ const char kUsage[] =
     "[--recover-timeout 120s] [--profile-ops FILE] [--verbosity 0|1] "
     "[--replace]\n"
     "  interlock compare --config FILE --modes e2e,1,2[,2sum,...] "
-    "[--wire fp32,bf16,int8,...] [--budget-virtual T | --budget T | --steps N] "
+    "[--wire fp32,bf16,int8,...] [--budget-virtual T | --budget T "
+    "[--fit-schedule=false] | --steps N] "
     "--out DIR "
     "[--engine inprocess|cluster] [--device D] [--seed S | --seeds 1,2,3] "
     "[--threads-per-block T] [--replicas 2,1,...]\n"

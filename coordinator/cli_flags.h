@@ -56,6 +56,7 @@ ABSL_DECLARE_FLAG(int64_t, first);
 ABSL_DECLARE_FLAG(int64_t, count);
 ABSL_DECLARE_FLAG(std::string, input);
 ABSL_DECLARE_FLAG(std::string, prompt_ids);
+ABSL_DECLARE_FLAG(bool, fit_schedule);
 
 namespace interlock {
 namespace cli {

@@ -1,9 +1,8 @@
 #include "coordinator/compare.h"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
-#include <thread>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -15,6 +14,7 @@
 #include "analysis/compare_report.h"
 #include "analysis/simulate.h"
 #include "coordinator/partition.h"
+#include "coordinator/step_budget.h"
 #include "plan/status_macros.h"
 #include "services/config.h"
 #include "services/data.h"
@@ -29,8 +29,6 @@ using interlock::v1::TrainingSpec;
 
 // Evaluations per mode when the config sets no cadence.
 constexpr int64_t kEvalPoints = 10;
-// Steps of the run that predicts each mode's step count under a budget.
-constexpr int64_t kCalibrationSteps = 6;
 // One run of the comparison: a mode with the wire codecs it uses.
 struct Variant {
   ModeSpec mode;
@@ -76,105 +74,35 @@ bool HasBudget(const TrainOptions& t) {
          t.budget.virtual_time > absl::ZeroDuration();
 }
 
-// Bytes an fp32 value takes in `codec` (with its int8 block size).
-double BytesPerValue(v1::WireSpec::Codec codec, int int8_block_size) {
-  constexpr int64_t kValues = 1 << 20;
-  auto c = CodecFor(codec, int8_block_size);
-  return c.ok() ? static_cast<double>(
-                      (*c)->MaxEncodedBytes(torch::kFloat32, kValues)) /
-                      kValues
-                : 4.0;
-}
-
-// `profile`, measured with `from`'s codecs, with its message sizes scaled
-// to `to`'s (targets and token ids, which no codec changes, are scaled too:
-// close enough for an evaluation cadence).
-Profile WithCodecs(Profile p, const v1::WireSpec& from,
-                   const v1::WireSpec& to) {
-  const double down = BytesPerValue(to.activations(), to.int8_block_size()) /
-                      BytesPerValue(from.activations(), from.int8_block_size());
-  const double up = BytesPerValue(to.gradients(), to.int8_block_size()) /
-                    BytesPerValue(from.gradients(), from.int8_block_size());
-  p.input_bytes = std::llround(p.input_bytes * down);
-  for (auto& b : p.down_bytes) b = std::llround(b * down);
-  for (auto& b : p.up_bytes) b = std::llround(b * up);
-  return p;
-}
-
-// Predicts how many steps each run does within the budgets, from a short
-// run of the first and the simulator. Empty when that fails; `note` says
-// what was done.
+// Predicts how many steps each run does within the budgets (at most
+// `total`). Empty when the calibration fails; `note` says what was done.
 std::vector<int64_t> PredictSteps(const RunConfig& config,
                                   const std::vector<Variant>& runs,
                                   const CompareOptions& o, int64_t total,
                                   std::string* note) {
-  TrainOptions t = o.train;
-  t.output.out_dir = o.out_dir + "/calibration";
-  t.output.quiet = true;
-  t.budget.wall = t.budget.virtual_time = absl::ZeroDuration();
-  t.output.metrics_port = -1;
-  RunConfig c = ConfigFor(config, runs[0], o, 0);
-  c.mutable_training()->set_steps(std::min(kCalibrationSteps, total));
-  *o.train.output.console
-      << "calibrating: " << c.training().steps() << " steps of "
-      << runs[0].mode.Label()
-      << " to predict every mode's steps for the evaluation cadence\n";
-  auto run = Train(c, t);
-  auto profile = run.ok() ? LoadProfile(t.output.out_dir) : run.status();
-  std::error_code ec;
-  std::filesystem::remove_all(t.output.out_dir, ec);
-  if (!profile.ok()) {
-    *note =
-        absl::StrCat("the calibration run failed (", profile.status().message(),
-                     "), so every mode evaluates every ",
-                     std::max<int64_t>(1, total / kEvalPoints), " steps");
+  const bool fitting = total == std::numeric_limits<int32_t>::max();
+  *o.train.output.console << "calibrating: " << kCalibrationSteps
+                          << " steps of " << runs[0].mode.Label()
+                          << " to predict every mode's steps "
+                          << (fitting ? "within the budget (--fit-schedule)"
+                                      : "for the evaluation cadence")
+                          << "\n";
+  std::vector<BudgetRun> budget_runs;
+  for (const Variant& v : runs) budget_runs.push_back({v.mode, v.wire});
+  auto steps = StepsInBudget(ConfigFor(config, runs[0], o, 0), budget_runs,
+                             o.train, total, o.out_dir + "/calibration");
+  if (!steps.ok()) {
+    *note = absl::StrCat(steps.status().message(),
+                         ", so every mode evaluates every ",
+                         std::max<int64_t>(1, total / kEvalPoints), " steps");
     return {};
-  }
-  const bool serial = o.train.engine.kind == EngineKind::kInProcess &&
-                      o.train.engine.schedule == Schedule::kSequential;
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
-  // Predicted virtual and wall step time of a run.
-  auto predict = [&](const Variant& v) {
-    const SimResult s = PredictMode(
-        WithCodecs(*profile, runs[0].wire, v.wire), profile->blocks,
-        profile->microbatches, o.train.link, v.mode, ProfileReplicas(*profile));
-    double tracks = 0;  // one per replica
-    for (const auto& replicas : s.replica_busy_ratio) tracks += replicas.size();
-    const double busy = s.utilisation * tracks * s.step_seconds;
-    return std::make_pair(
-        s.step_seconds, serial ? busy : std::max(s.step_seconds, busy / cores));
-  };
-  // The profile's means include the first step's start-up; the run's means
-  // after it put the predictions back on scale.
-  const auto [first_virtual, first_wall] = predict(runs[0]);
-  const double scale_virtual = first_virtual > 0 && run->mean_step_virtual > 0
-                                   ? run->mean_step_virtual / first_virtual
-                                   : 1.0;
-  const double scale_wall = first_wall > 0 && run->mean_step_wall > 0
-                                ? run->mean_step_wall / first_wall
-                                : 1.0;
-  const double bv = absl::ToDoubleSeconds(o.train.budget.virtual_time);
-  const double bw = absl::ToDoubleSeconds(o.train.budget.wall);
-  std::vector<int64_t> out;
-  for (const Variant& v : runs) {
-    const auto [step_virtual, step_wall] = predict(v);
-    int64_t expected = total;
-    if (bv > 0 && step_virtual > 0) {
-      expected = std::min<int64_t>(
-          expected, std::ceil(bv / (step_virtual * scale_virtual)));
-    }
-    if (bw > 0 && step_wall > 0) {
-      expected =
-          std::min<int64_t>(expected, std::ceil(bw / (step_wall * scale_wall)));
-    }
-    out.push_back(std::max<int64_t>(1, expected));
   }
   *note = absl::StrCat(
       "about ", kEvalPoints,
       " evaluations per mode, at a cadence set from each mode's step count "
       "predicted by `interlock simulate` on a ",
       kCalibrationSteps, "-step calibration run of ", runs[0].mode.Label());
-  return out;
+  return *std::move(steps);
 }
 
 std::string Seconds(double s) { return absl::StrFormat("%.2f", s); }
@@ -190,7 +118,32 @@ std::string EngineText(const TrainOptions& t) {
              : "in-process, threaded schedule (one thread per block)";
 }
 
-std::string LimitText(const CompareOptions& o, const RunConfig& config) {
+std::string LimitText(const CompareOptions& o, const RunConfig& config,
+                      const std::vector<Variant>& variants,
+                      const std::vector<int64_t>& fitted) {
+  if (!fitted.empty()) {
+    std::vector<std::string> steps;
+    for (size_t i = 0; i < variants.size(); ++i) {
+      steps.push_back(absl::StrCat(variants[i].mode.Label(),
+                                   variants[i].wire_name.empty() ? "" : "/",
+                                   variants[i].wire_name, " ", fitted[i]));
+    }
+    std::vector<std::string> budgets;
+    if (o.train.budget.virtual_time > absl::ZeroDuration()) {
+      budgets.push_back(absl::StrCat(
+          "virtual time ", absl::FormatDuration(o.train.budget.virtual_time)));
+    }
+    if (o.train.budget.wall > absl::ZeroDuration()) {
+      budgets.push_back(absl::StrCat(
+          "wall time ", absl::FormatDuration(o.train.budget.wall)));
+    }
+    return absl::StrCat(
+        "the steps a budget of ", absl::StrJoin(budgets, " and "),
+        " buys each mode, predicted from a calibration run; each mode's "
+        "learning-rate schedule spans its own steps and it runs all of them "
+        "(--fit-schedule): ",
+        absl::StrJoin(steps, ", "));
+  }
   std::vector<std::string> parts;
   if (o.train.budget.virtual_time > absl::ZeroDuration()) {
     parts.push_back(
@@ -313,11 +266,27 @@ int CompareMain(const CompareOptions& o) {
   std::string cadence =
       absl::StrCat("every ", config.training().eval_every_steps(),
                    " steps (the config's eval_every_steps) and at the end");
+  // Budget-fitted schedules: the steps each mode's budget buys, with no
+  // cap from the config's steps or epochs.
+  std::vector<int64_t> fitted;
+  if (o.fit_schedule && HasBudget(o.train)) {
+    std::string note;
+    fitted = PredictSteps(config, variants, o,
+                          std::numeric_limits<int32_t>::max(), &note);
+    if (fitted.empty()) {
+      log << "interlock: warning: " << note
+          << "; every mode runs the config's schedule and stops at the "
+             "budget\n";
+    }
+  }
   if (config.training().eval_every_steps() <= 0) {
     auto total = TotalSteps(ConfigFor(config, variants[0], o, 0));
     if (!total.ok()) return fail(total.status().message(), 1);
-    std::vector<int64_t> expected;
-    if (HasBudget(o.train)) {
+    std::vector<int64_t> expected = fitted;
+    if (!expected.empty()) {
+      cadence = absl::StrCat("about ", kEvalPoints,
+                             " evaluations per mode over its fitted steps");
+    } else if (HasBudget(o.train)) {
       expected = PredictSteps(config, variants, o, *total, &cadence);
     } else {
       cadence = absl::StrCat("about ", kEvalPoints, " evaluations per mode");
@@ -356,11 +325,23 @@ int CompareMain(const CompareOptions& o) {
     TrainOptions t = o.train;
     t.output.out_dir = r.dir;
     t.output.progress_label = label;
+    RunConfig c = ConfigFor(config, variants[i], o, every[i]);
+    if (!fitted.empty()) {
+      // The schedule spans the fitted steps and the run ends there: the
+      // budget was spent choosing them.
+      c.mutable_training()->set_steps(fitted[i]);
+      t.budget.wall = t.budget.virtual_time = absl::ZeroDuration();
+    }
     log << label << " " << r.Label() << " -> " << r.dir << " (evaluating every "
-        << every[i] << " steps)\n";
+        << every[i] << " steps"
+        << (fitted.empty() ? std::string()
+                           : absl::StrCat(", ", fitted[i],
+                                          " steps fitted to "
+                                          "the budget"))
+        << ")\n";
     r.tried = true;
     // The report is made from the files the run wrote.
-    auto result = Train(ConfigFor(config, variants[i], o, every[i]), t);
+    auto result = Train(c, t);
     r.status = result.ok() ? ReadModeFiles(r) : result.status();
     if (o.interrupted != nullptr && o.interrupted->load()) {
       interrupted = true;
@@ -408,7 +389,7 @@ int CompareMain(const CompareOptions& o) {
                 absl::StrJoin(wire_names, ", "),
                 " (--wire: every mode with each; a:b is activations a, "
                 "gradients b), rows named mode/codecs");
-  header.limit = LimitText(o, config);
+  header.limit = LimitText(o, config, variants, fitted);
   header.cadence = cadence;
   header.link = o.train.link;
   const absl::Status report = WriteReport(o.out_dir, header, runs, plots);

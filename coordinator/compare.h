@@ -32,6 +32,12 @@ struct CompareOptions {
   // mode.
   std::string seeds;
   int threads_per_block = 0;
+  // With a budget: each mode's learning-rate schedule spans the steps the
+  // budget buys it (predicted from a calibration run), and the mode runs
+  // exactly those steps, so every mode warms up and anneals within its own
+  // budget and none is cut short by the config's steps or epochs. False:
+  // every mode runs the config's schedule and stops at the budget.
+  bool fit_schedule = true;
   // Engine, schedule, budgets, link model, progress and cluster settings of
   // every mode's run; out_dir and progress_label are set per mode.
   TrainOptions train;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -29,7 +30,9 @@
 #include "coordinator/inference.h"
 #include "coordinator/local_cluster.h"
 #include "coordinator/partition.h"
+#include "coordinator/step_budget.h"
 #include "coordinator/train.h"
+#include "coordinator/trained_model.h"
 #include "plan/replica_routes.h"
 #include "rpc/security.h"
 #include "services/config.h"
@@ -106,6 +109,53 @@ int TrainOptionsForRun(interlock::TrainOptions& options) {
     std::lock_guard<std::mutex> l(g_cluster_mu);
     g_cluster = c;
   };
+  return 0;
+}
+
+// `train --fit-schedule`: the run's steps become those its budget buys,
+// so that its learning-rate schedule spans the budget; the run then runs
+// them all. A run resumed from --out keeps the steps it was fitted to
+// (its checkpoint holds them), so its rates do not change.
+int FitScheduleToBudget(RunConfig& config, interlock::TrainOptions& options) {
+  if (options.budget.wall <= absl::ZeroDuration() &&
+      options.budget.virtual_time <= absl::ZeroDuration()) {
+    return Fail("--fit-schedule needs --budget or --budget-virtual", 2);
+  }
+  int64_t steps = 0;
+  if (!options.output.out_dir.empty() && options.checkpoints.dir.empty() &&
+      options.checkpoints.resume.empty()) {
+    interlock::RunSource source;
+    source.run_dir = options.output.out_dir;
+    auto resumed = interlock::FindRunCheckpoint(source);
+    if (resumed.ok()) {
+      steps = resumed->manifest.total_steps();
+      *options.output.console << "interlock: --fit-schedule: " << steps
+                              << " steps, as fitted when the run started ("
+                              << resumed->dir << ")\n";
+    }
+  }
+  if (steps == 0) {
+    const std::string scratch =
+        (options.output.out_dir.empty() ? std::string("/tmp")
+                                        : options.output.out_dir) +
+        "/calibration";
+    *options.output.console << "interlock: calibrating "
+                            << interlock::kCalibrationSteps
+                            << " steps to fit the schedule to the budget\n";
+    auto fitted = interlock::StepsInBudget(
+        config, {{interlock::ModeOf(config), config.wire()}}, options,
+        std::numeric_limits<int32_t>::max(), scratch);
+    if (!fitted.ok()) {
+      return Fail(absl::StrCat("--fit-schedule: ", fitted.status().message()));
+    }
+    steps = (*fitted)[0];
+    *options.output.console << "interlock: --fit-schedule: the budget buys "
+                            << steps
+                            << " steps; the schedule spans them and the run "
+                               "runs them all\n";
+  }
+  config.mutable_training()->set_steps(steps);
+  options.budget.wall = options.budget.virtual_time = absl::ZeroDuration();
   return 0;
 }
 
@@ -194,6 +244,12 @@ int RunTrain() {
     return Fail(
         "--profile-ops needs --engine inprocess and --schedule sequential", 2);
   }
+  // Off unless asked for (compare fits by default).
+  if (Given(FLAGS_fit_schedule) && absl::GetFlag(FLAGS_fit_schedule)) {
+    if (int code = FitScheduleToBudget(config, options); code != 0) {
+      return code;
+    }
+  }
   options.checkpoints.stop_requested = &g_stop_requested;
   g_can_checkpoint =
       !options.output.out_dir.empty() || !options.checkpoints.dir.empty();
@@ -243,6 +299,7 @@ int RunCompare() {
     return Fail("--seeds: empty; give seeds such as 1,2,3", 2);
   }
   o.threads_per_block = absl::GetFlag(FLAGS_threads_per_block);
+  o.fit_schedule = absl::GetFlag(FLAGS_fit_schedule);
   o.command_line = g_command_line;
   o.interrupted = &g_interrupted;
   if (int code = TrainOptionsForRun(o.train); code != 0) return code;

@@ -324,6 +324,84 @@ TEST(Compare, WireCodecsAreVariantsOfEveryMode) {
   std::filesystem::remove_all(out);
 }
 
+// With a budget, each mode runs the steps its budget buys, with its
+// schedule spanning them (--fit-schedule, the default): the steps are
+// predicted once from a calibration run, the report says them, and each
+// mode stops exactly there, not at the budget or the config's steps.
+TEST(Compare, BudgetFittedSchedulesRunThePredictedSteps) {
+  const std::string out = FreshOut("fit");
+  auto r = CompareTiny("--modes e2e,1 --budget-virtual 0.4s", out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("within the budget (--fit-schedule)"),
+            std::string::npos)
+      << r.output;
+  const std::string report = ReadFile(out + "/report.md");
+  EXPECT_NE(report.find("buys each mode"), std::string::npos) << report;
+  for (const std::string dir : {"e2e", "1way"}) {
+    const std::string mode = dir == "e2e" ? "e2e" : "1-way furthest";
+    const size_t at = r.output.find(" " + mode + " -> ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const size_t fitted = r.output.find(" steps fitted to the budget", at);
+    ASSERT_NE(fitted, std::string::npos) << r.output;
+    const size_t begin = r.output.rfind(' ', fitted - 1) + 1;
+    const int64_t steps = std::stoll(r.output.substr(begin, fitted - begin));
+    EXPECT_GT(steps, 6) << r.output;
+    EXPECT_NE(report.find(mode + " " + std::to_string(steps)),
+              std::string::npos)
+        << report;
+    auto summary = ReadSummary(out + "/" + dir + "/summary.json");
+    ASSERT_TRUE(summary.ok()) << summary.status();
+    EXPECT_EQ(summary->steps(), steps) << dir;
+  }
+  // Without it: the config's 20 steps, cut at the budget.
+  auto plain = CompareTiny(
+      "--modes e2e --budget-virtual 0.4s --fit-schedule=false", out + "-plain");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(plain.output.find("fitted to the budget"), std::string::npos)
+      << plain.output;
+  std::filesystem::remove_all(out);
+  std::filesystem::remove_all(out + "-plain");
+}
+
+// `train --fit-schedule`: one run's steps fitted to its budget; the same
+// command on the same --out resumes with the steps it was fitted to (no
+// second calibration that could choose others).
+TEST(Compare, TrainFitsItsScheduleToTheBudgetAndKeepsItOnResume) {
+  const std::string out = FreshOut("train_fit");
+  const std::string cmd = kCli + " train --config " + kSrc +
+                          "/configs/tests/tiny_resnet.pbtxt --budget-virtual "
+                          "0.3s --fit-schedule --checkpoint-every 1000 --out " +
+                          out;
+  auto r = RunCommand(cmd);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t at = r.output.find("the budget buys ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const int64_t steps = std::stoll(r.output.substr(at + 16));
+  EXPECT_GT(steps, 6);
+  auto summary = ReadSummary(out + "/summary.json");
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->steps(), steps);
+  EXPECT_FALSE(std::filesystem::exists(out + "/calibration"));
+  auto again = RunCommand(cmd);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("--fit-schedule: " + std::to_string(steps) +
+                              " steps, as fitted when the run started"),
+            std::string::npos)
+      << again.output;
+  EXPECT_EQ(again.output.find("calibrating"), std::string::npos)
+      << again.output;
+  EXPECT_EQ(interlock::testing::DigestOf(again.output),
+            interlock::testing::DigestOf(r.output));
+  auto none = RunCommand(kCli + " train --config " + kSrc +
+                         "/configs/tests/tiny_resnet.pbtxt --fit-schedule");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("--fit-schedule needs --budget or "
+                             "--budget-virtual"),
+            std::string::npos)
+      << none.output;
+  std::filesystem::remove_all(out);
+}
+
 TEST(Simulate, BadProfilesNameWhatIsWrong) {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("interlock_profile_" + std::to_string(getpid()));
