@@ -122,24 +122,33 @@ void WorkerCore::Configure(
   });
 }
 
+namespace {
+
+// Whether a Release names this run and a newer generation and carries the
+// stream key of the generation held (compared in constant time).
+bool ProvesRelease(const v1::ReleaseRequest& request, const std::string& run_id,
+                   int64_t generation, const std::string& key) {
+  return request.run_id() == run_id && request.generation() > generation &&
+         SameKey(request.stream_key(), key);
+}
+
+}  // namespace
+
 void WorkerCore::Release(const v1::ReleaseRequest& request,
                          std::function<void(absl::Status)> done) {
-  auto proven = [&request](const std::string& run_id, int64_t generation,
-                           const std::string& key) {
-    return request.run_id() == run_id && request.generation() > generation &&
-           request.stream_key() == key;
-  };
   {
     // A replica woken inside a reduction its group gave up on would wait
     // there until Gloo's timeout: let it go first (as Configure does).
     std::lock_guard<std::mutex> l(group_mu_);
-    if (live_group_.group && proven(live_group_.run_id, live_group_.generation,
-                                    live_group_.stream_key)) {
+    if (live_group_.group &&
+        ProvesRelease(request, live_group_.run_id, live_group_.generation,
+                      live_group_.stream_key)) {
       live_group_.group->Abandon();
     }
   }
-  host_.Post([this, request, proven, done = std::move(done)] {
-    if (!run_ || !proven(run_->run_id, run_->generation, run_->stream_key)) {
+  host_.Post([this, request, done = std::move(done)] {
+    if (!run_ || !ProvesRelease(request, run_->run_id, run_->generation,
+                                run_->stream_key)) {
       // Tells nothing of the configured run.
       done(absl::FailedPreconditionError(
           "release: not the run and generation this worker holds"));
