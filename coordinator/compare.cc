@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -11,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "analysis/checked_write.h"
 #include "analysis/compare_report.h"
 #include "analysis/simulate.h"
 #include "coordinator/partition.h"
@@ -166,6 +169,47 @@ std::string LimitText(const CompareOptions& o, const RunConfig& config,
                       steps);
 }
 
+// The steps fitted to the budget when a comparison in `dir` started, one
+// "LABEL STEPS" line per run (empty when none were written or the runs
+// differ): an interrupted comparison resumes with them, so that its
+// schedules do not change.
+constexpr char kFittedFile[] = "fitted_steps.txt";
+
+std::vector<int64_t> ReadFitted(const std::string& dir,
+                                const std::vector<ModeReport>& runs) {
+  std::ifstream in(dir + "/" + kFittedFile);
+  std::map<std::string, int64_t> by_label;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t space = line.rfind(' ');
+    int64_t steps = 0;
+    if (space == std::string::npos ||
+        !absl::SimpleAtoi(line.substr(space + 1), &steps) || steps < 1) {
+      return {};
+    }
+    by_label[line.substr(0, space)] = steps;
+  }
+  std::vector<int64_t> out;
+  for (const ModeReport& r : runs) {
+    auto it = by_label.find(r.Label());
+    if (it == by_label.end()) return {};
+    out.push_back(it->second);
+  }
+  return by_label.size() == runs.size() ? out : std::vector<int64_t>();
+}
+
+absl::Status WriteFitted(const std::string& dir,
+                         const std::vector<ModeReport>& runs,
+                         const std::vector<int64_t>& steps) {
+  std::string text;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    absl::StrAppend(&text, runs[i].Label(), " ", steps[i], "\n");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  return WriteFileReplacing(dir + "/" + kFittedFile, text);
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int64_t>> ParseSeeds(absl::string_view list) {
@@ -266,17 +310,36 @@ int CompareMain(const CompareOptions& o) {
   std::string cadence =
       absl::StrCat("every ", config.training().eval_every_steps(),
                    " steps (the config's eval_every_steps) and at the end");
+  std::vector<ModeReport> runs;
+  for (const Variant& v : variants) {
+    ModeReport r;
+    r.mode = v.mode;
+    r.wire = v.wire_name;
+    r.seed = v.seed;
+    r.dir = o.out_dir + "/" + r.Dir();
+    runs.push_back(std::move(r));
+  }
   // Budget-fitted schedules: the steps each mode's budget buys, with no
   // cap from the config's steps or epochs.
+  // A comparison resumed on its --out keeps the steps fitted when it
+  // started (its runs' checkpoints and schedules are made for them).
   std::vector<int64_t> fitted;
   if (o.fit_schedule && HasBudget(o.train)) {
-    std::string note;
-    fitted = PredictSteps(config, variants, o,
-                          std::numeric_limits<int32_t>::max(), &note);
-    if (fitted.empty()) {
-      log << "interlock: warning: " << note
-          << "; every mode runs the config's schedule and stops at the "
-             "budget\n";
+    if (!o.train.output.replace) fitted = ReadFitted(o.out_dir, runs);
+    if (!fitted.empty()) {
+      log << "interlock: the steps fitted when this comparison started ("
+          << o.out_dir << "/" << kFittedFile << ")\n";
+    } else {
+      std::string note;
+      fitted = PredictSteps(config, variants, o,
+                            std::numeric_limits<int32_t>::max(), &note);
+      if (fitted.empty()) {
+        log << "interlock: warning: " << note
+            << "; every mode runs the config's schedule and stops at the "
+               "budget\n";
+      } else if (auto st = WriteFitted(o.out_dir, runs, fitted); !st.ok()) {
+        return fail(st.message(), 1);
+      }
     }
   }
   if (config.training().eval_every_steps() <= 0) {
@@ -297,15 +360,6 @@ int CompareMain(const CompareOptions& o) {
     }
   }
 
-  std::vector<ModeReport> runs;
-  for (const Variant& v : variants) {
-    ModeReport r;
-    r.mode = v.mode;
-    r.wire = v.wire_name;
-    r.seed = v.seed;
-    r.dir = o.out_dir + "/" + r.Dir();
-    runs.push_back(std::move(r));
-  }
   // Runs go seed by seed (every variant of the first seed, then the next),
   // so that a machine whose speed drifts during a long compare does not
   // measure all of one mode's steps in one stretch and another's in the
@@ -340,6 +394,29 @@ int CompareMain(const CompareOptions& o) {
                                           "the budget"))
         << ")\n";
     r.tried = true;
+    // A run an earlier, interrupted compare finished is read, not run
+    // again (--replace runs it again); one it left with a checkpoint
+    // resumes from it (Train does).
+    if (!o.train.output.replace &&
+        std::filesystem::exists(r.dir + "/summary.json")) {
+      r.status = ReadModeFiles(r);
+      if (r.status.ok() &&
+          (r.summary.mode() != r.mode.Label() ||
+           (!fitted.empty() && r.summary.steps() != fitted[i]))) {
+        r.status = absl::FailedPreconditionError(absl::StrCat(
+            r.dir, " holds another run (", r.summary.mode(), ", ",
+            r.summary.steps(), " steps); give another --out or --replace"));
+      }
+      if (!r.status.ok()) {
+        failed = true;
+        log << label << " " << r.Label() << " failed: " << r.status.message()
+            << "\n";
+      } else {
+        log << label << " " << r.Label() << ": done before, read from " << r.dir
+            << "\n";
+      }
+      continue;
+    }
     // The report is made from the files the run wrote.
     auto result = Train(c, t);
     r.status = result.ok() ? ReadModeFiles(r) : result.status();

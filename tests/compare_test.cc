@@ -337,6 +337,7 @@ TEST(Compare, BudgetFittedSchedulesRunThePredictedSteps) {
       << r.output;
   const std::string report = ReadFile(out + "/report.md");
   EXPECT_NE(report.find("buys each mode"), std::string::npos) << report;
+  int64_t e2e_steps = 0;
   for (const std::string dir : {"e2e", "1way"}) {
     const std::string mode = dir == "e2e" ? "e2e" : "1-way furthest";
     const size_t at = r.output.find(" " + mode + " -> ");
@@ -352,7 +353,27 @@ TEST(Compare, BudgetFittedSchedulesRunThePredictedSteps) {
     auto summary = ReadSummary(out + "/" + dir + "/summary.json");
     ASSERT_TRUE(summary.ok()) << summary.status();
     EXPECT_EQ(summary->steps(), steps) << dir;
+    if (dir == "e2e") e2e_steps = steps;
   }
+  // The same command again resumes the comparison: the steps fitted when
+  // it started, finished modes read, an unfinished one run to them.
+  std::filesystem::remove(out + "/e2e/summary.json");
+  auto again = CompareTiny("--modes e2e,1 --budget-virtual 0.4s", out);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(again.output.find("calibrating"), std::string::npos)
+      << again.output;
+  EXPECT_NE(again.output.find("the steps fitted when this comparison started"),
+            std::string::npos)
+      << again.output;
+  EXPECT_NE(again.output.find("1-way furthest: done before"), std::string::npos)
+      << again.output;
+  EXPECT_EQ(again.output.find("e2e: done before"), std::string::npos)
+      << again.output;
+  auto rerun = ReadSummary(out + "/e2e/summary.json");
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_EQ(rerun->steps(), e2e_steps);
+  EXPECT_NE(ReadFile(out + "/report.md").find("buys each mode"),
+            std::string::npos);
   // Without it: the config's 20 steps, cut at the budget.
   auto plain = CompareTiny(
       "--modes e2e --budget-virtual 0.4s --fit-schedule=false", out + "-plain");
