@@ -1,5 +1,6 @@
 #include "rpc/rendezvous.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
@@ -127,10 +128,24 @@ RendezvousClient::RendezvousClient(const std::string& address,
 
 absl::StatusOr<v1::StoreResponse> RendezvousClient::Call(
     const v1::StoreRequest& request) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  // A connection that fails is tried again for up to a second (this
+  // machine's loopback has refused a fresh server's first connection under
+  // load), not longer: a store that is gone must fail a member soon.
+  const absl::Time retry_until = absl::Now() + absl::Seconds(1);
   v1::StoreResponse response;
-  grpc::Status s = stub_->Store(&ctx, request, &response);
+  grpc::Status s;
+  for (absl::Duration pause = absl::Milliseconds(20);;
+       pause = std::min(pause * 2, absl::Milliseconds(200))) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+    response.Clear();
+    s = stub_->Store(&ctx, request, &response);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        absl::Now() + pause > retry_until) {
+      break;
+    }
+    absl::SleepFor(pause);
+  }
   if (!s.ok()) {
     return CallFailed(absl::StrCat("rendezvous store ", address_),
                       v1::StoreRequest::Op_Name(request.op()), s);
