@@ -131,7 +131,9 @@ int PipelineSim::TrackOf(int block, int64_t step, int mb) {
     for (int k = 0; k < shape_.blocks; ++k) {
       counts[k] = static_cast<int>(Members(step, k).size());
     }
-    it = routes_.emplace(step, RouteStep(step, shape_.microbatches, counts))
+    it = routes_
+             .emplace(step, RouteStep(step + shape_.first_step,
+                                      shape_.microbatches, counts))
              .first;
   }
   // Routes index the step's members; one out of range (routes of another

@@ -87,6 +87,10 @@ struct PipelineShape {
   std::vector<int> replicas;
   std::vector<int64_t> parameters;
   bool ring_reduction = false;
+  // The run's number of the replay's step 0 (a resumed run's first step):
+  // a step without routes of its own is split as the engine splits it,
+  // which rotates by the run's step number.
+  int64_t first_step = 0;
 
   int Replicas(int k) const {
     return k < static_cast<int>(replicas.size()) ? std::max(1, replicas[k]) : 1;

@@ -51,6 +51,8 @@ absl::Status ChainLinks::Init(const Topology& workers) {
     model_files_.push_back(std::move(files));
   }
   run_id_ = NewRunId();
+  generation_ = 1;
+  generation_step_ = 0;
   SetTopology(workers);
   steps_done_.assign(k_blocks, 0);
   return absl::OkStatus();
@@ -278,8 +280,20 @@ void ChainLinks::ResetAttempt() {
 }
 
 void ChainLinks::ResetProgress(int64_t step) {
+  generation_step_ = step;
   auto l = events_->Lock();
   steps_done_.assign(num_blocks(), step);
+}
+
+void ChainLinks::NextGeneration() {
+  ++generation_;
+  if (options_.on_generation) options_.on_generation(run_id_, generation_);
+}
+
+void ChainLinks::Continue(const std::string& run_id, int64_t generation) {
+  run_id_ = run_id;
+  generation_ = generation;
+  if (options_.on_generation) options_.on_generation(run_id_, generation_);
 }
 
 std::set<std::string> ChainLinks::Dead() {

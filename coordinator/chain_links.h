@@ -43,8 +43,14 @@ class ChainLinks {
   const std::string& run_id() const { return run_id_; }
   int64_t generation() const { return generation_; }
   // A new generation: whatever of the last one is still in flight anywhere
-  // is refused as stale by the workers.
-  void NextGeneration() { ++generation_; }
+  // is refused as stale by the workers. ClusterOptions::on_generation hears
+  // of it first.
+  void NextGeneration();
+  // Continues run `run_id` under `generation` (a coordinator started again
+  // adopting its workers), after Init.
+  void Continue(const std::string& run_id, int64_t generation);
+  // The step every block continued from when this generation started.
+  int64_t generation_step() const { return generation_step_; }
   int num_blocks() const { return static_cast<int>(workers_.size()); }
   int microbatches() const { return config_.training().microbatches(); }
   const Topology& workers() const { return workers_; }
@@ -123,6 +129,7 @@ class ChainLinks {
   EventQueue* const events_;
   std::string run_id_;
   int64_t generation_ = 1;
+  int64_t generation_step_ = 0;
   std::atomic<int64_t> stream_epoch_{0};
   int64_t max_bytes_ = 0;
   // Per block: the scripted model's files its workers are sent.

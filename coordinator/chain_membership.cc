@@ -16,7 +16,7 @@ namespace interlock {
 
 absl::Status ChainMembership::Start() {
   elastic_ = options_.membership != nullptr || Replicated(links_->replicas());
-  links_->set_snapshots(elastic_);
+  links_->set_snapshots(elastic_ || options_.keep_snapshots);
   // The rendezvous of every block's reduction group; the groups themselves
   // connect worker to worker.
   if (elastic_) RETURN_IF_ERROR(StartStore());

@@ -116,12 +116,8 @@ int64_t StepOfName(const std::string& name) {
   return step;
 }
 
-}  // namespace
-
-std::string SerializeManifest(const v1::CheckpointManifest& m,
-                              const std::string& seal_key) {
-  std::string text;
-  google::protobuf::TextFormat::PrintToString(m, &text);
+// Text followed by its SHA-256 line and, with a `seal_key`, its HMAC line.
+std::string Sealed(const std::string& text, const std::string& seal_key) {
   std::string out =
       absl::StrCat(text, kTrailer, Sha256Hex(text.data(), text.size()), "\n");
   if (!seal_key.empty()) {
@@ -130,9 +126,11 @@ std::string SerializeManifest(const v1::CheckpointManifest& m,
   return out;
 }
 
-absl::StatusOr<v1::CheckpointManifest> ParseManifest(
-    absl::string_view bytes, const std::string& what,
-    const std::string& seal_key) {
+// The text a Sealed file holds, once its checksum (and, with a `seal_key`,
+// its signature) is verified.
+absl::StatusOr<absl::string_view> Unsealed(absl::string_view bytes,
+                                           const std::string& what,
+                                           const std::string& seal_key) {
   // A signature, if any, is the last line (after the checksum line).
   std::string signature;
   const size_t sealed_at = bytes.rfind(kSealTrailer);
@@ -146,8 +144,8 @@ absl::StatusOr<v1::CheckpointManifest> ParseManifest(
     signature = std::string(sig);
     bytes = bytes.substr(0, sealed_at);
   }
-  // The trailer seals everything before it: a flipped byte anywhere in the
-  // manifest is caught before any field is believed.
+  // The trailer seals everything before it: a flipped byte anywhere is
+  // caught before any field is believed.
   const size_t at = bytes.rfind(kTrailer);
   if (at == absl::string_view::npos || (at > 0 && bytes[at - 1] != '\n')) {
     return absl::DataLossError(
@@ -161,18 +159,18 @@ absl::StatusOr<v1::CheckpointManifest> ParseManifest(
   }
   const std::string actual = Sha256Hex(body.data(), body.size());
   if (actual != sealed) {
-    return absl::DataLossError(
-        absl::StrCat(what, ": SHA-256 of the manifest is ", actual,
-                     ", its last line says ", sealed, " (damaged)"));
+    return absl::DataLossError(absl::StrCat(what, ": SHA-256 is ", actual,
+                                            ", its last line says ", sealed,
+                                            " (damaged)"));
   }
   // The checksum proves no accident; only the signature proves that a
-  // holder of the token wrote this manifest (and so the files' digests).
+  // holder of the token wrote this file.
   if (!seal_key.empty()) {
     if (signature.empty()) {
       return absl::PermissionDeniedError(absl::StrCat(
           what,
           ": not signed (written by a run without --token-file); a run "
-          "with a token loads only checkpoints signed with it"));
+          "with a token loads only what is signed with it"));
     }
     const std::string expected = HmacSha256Hex(seal_key, body);
     if (CRYPTO_memcmp(expected.data(), signature.data(), expected.size()) !=
@@ -183,12 +181,12 @@ absl::StatusOr<v1::CheckpointManifest> ParseManifest(
           "written, or signed with another token)"));
     }
   }
-  v1::CheckpointManifest m;
-  google::protobuf::TextFormat::Parser parser;
-  if (!parser.ParseFromString(std::string(body), &m)) {
-    return absl::DataLossError(
-        absl::StrCat(what, ": not a checkpoint manifest"));
-  }
+  return body;
+}
+
+// The fields every manifest must have right (a journal's too).
+absl::Status CheckManifestFields(const v1::CheckpointManifest& m,
+                                 const std::string& what) {
   if (m.format() != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": format ", m.format(), ", this build reads 1"));
@@ -202,6 +200,62 @@ absl::StatusOr<v1::CheckpointManifest> ParseManifest(
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": step ", m.step(), " of ", m.total_steps()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string SerializeManifest(const v1::CheckpointManifest& m,
+                              const std::string& seal_key) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(m, &text);
+  return Sealed(text, seal_key);
+}
+
+std::string SerializeJournal(const v1::RunJournal& j,
+                             const std::string& seal_key) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(j, &text);
+  return Sealed(text, seal_key);
+}
+
+absl::StatusOr<v1::RunJournal> ParseJournal(absl::string_view bytes,
+                                            const std::string& what,
+                                            const std::string& seal_key) {
+  ASSIGN_OR_RETURN(const absl::string_view body,
+                   Unsealed(bytes, what, seal_key));
+  v1::RunJournal j;
+  google::protobuf::TextFormat::Parser parser;
+  if (!parser.ParseFromString(std::string(body), &j)) {
+    return absl::DataLossError(absl::StrCat(what, ": not a run journal"));
+  }
+  if (j.format() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": format ", j.format(), ", this build reads 1"));
+  }
+  RETURN_IF_ERROR(CheckManifestFields(j.manifest(), what));
+  if (j.run_id().empty() || j.generation() < 1 ||
+      j.workers_size() != j.manifest().num_blocks() ||
+      j.manifest().files_size() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": run id, generation, workers (", j.workers_size(), " for ",
+        j.manifest().num_blocks(), " blocks) or files out of place"));
+  }
+  return j;
+}
+
+absl::StatusOr<v1::CheckpointManifest> ParseManifest(
+    absl::string_view bytes, const std::string& what,
+    const std::string& seal_key) {
+  ASSIGN_OR_RETURN(const absl::string_view body,
+                   Unsealed(bytes, what, seal_key));
+  v1::CheckpointManifest m;
+  google::protobuf::TextFormat::Parser parser;
+  if (!parser.ParseFromString(std::string(body), &m)) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": not a checkpoint manifest"));
+  }
+  RETURN_IF_ERROR(CheckManifestFields(m, what));
   if (m.files_size() != m.num_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": ", m.files_size(), " files for ", m.num_blocks(), " blocks"));

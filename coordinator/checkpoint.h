@@ -43,6 +43,17 @@ absl::StatusOr<interlock::v1::CheckpointManifest> ParseManifest(
     absl::string_view bytes, const std::string& what = "manifest",
     const std::string& seal_key = "");
 
+// The coordinator's journal (RunJournal) as written to disk: sealed like a
+// manifest (SHA-256 line, and an HMAC line with a `seal_key`).
+std::string SerializeJournal(const interlock::v1::RunJournal& j,
+                             const std::string& seal_key = "");
+// Parses a journal's bytes: the seal as ParseManifest checks it, then the
+// fields (format, run id, generation, one worker list per block, a manifest
+// with no files whose step is within the run).
+absl::StatusOr<interlock::v1::RunJournal> ParseJournal(
+    absl::string_view bytes, const std::string& what,
+    const std::string& seal_key = "");
+
 // Reads a checkpoint directory and verifies the manifest (its signature
 // with a `seal_key`) and every state file (size and SHA-256). A damaged
 // checkpoint is refused with DATA_LOSS naming the file.

@@ -1,10 +1,13 @@
 #include "coordinator/cluster_engine.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "coordinator/chain_links.h"
 #include "coordinator/chain_membership.h"
 #include "coordinator/event_queue.h"
 #include "plan/status_macros.h"
+#include "services/logging.h"
 #include "services/wire_codec.h"
 
 namespace interlock {
@@ -28,10 +31,51 @@ class ClusterEngine : public ElasticEngine {
   ~ClusterEngine() override { Shutdown(); }
 
   absl::Status Init() {
+    if (options_.adopt) {
+      const LiveRun& live = *options_.adopt;
+      absl::Status s = Adopt(live);
+      if (s.ok()) {
+        adopted_ = live.step;
+        LOG(INFO) << "adopted the live workers of run " << live.run_id
+                  << " at step " << live.step << " (generation "
+                  << links_.generation()
+                  << "; every block from its own snapshot, no checkpoint read)";
+        return absl::OkStatus();
+      }
+      LOG(WARNING) << "could not adopt the live workers of run " << live.run_id
+                   << " (" << s.message()
+                   << "); starting them afresh (the run resumes from its "
+                      "checkpoint, if any)";
+      links_.Close(/*drain=*/false);
+      links_.ResetAttempt();
+    }
     RETURN_IF_ERROR(links_.Init(options_.workers));
+    // A journal of another run names nothing this one can adopt.
+    if (options_.on_generation) {
+      options_.on_generation(links_.run_id(), links_.generation());
+    }
     RETURN_IF_ERROR(membership_.Start());
     RETURN_IF_ERROR(
         links_.Connect(options_.connect_timeout, /*parallel=*/false));
+    membership_.Publish();
+    return absl::OkStatus();
+  }
+
+  // Configures the workers of `live` under its run and generation, each
+  // continuing from its own snapshot at `live.step`; fails (nothing
+  // adopted) when one is gone or has no such snapshot.
+  absl::Status Adopt(const LiveRun& live) {
+    RETURN_IF_ERROR(links_.Init(live.workers));
+    links_.Continue(live.run_id, live.generation);
+    RETURN_IF_ERROR(membership_.Start());
+    std::set<std::string> all;
+    for (const auto& block : live.workers)
+      all.insert(block.begin(), block.end());
+    // At once: a worker that had been waiting for a peer (a replica's
+    // reduction) is freed when that peer is reconfigured.
+    RETURN_IF_ERROR(links_.Connect(options_.connect_timeout, /*parallel=*/true,
+                                   all, live.step));
+    links_.ResetProgress(live.step);
     membership_.Publish();
     return absl::OkStatus();
   }
@@ -107,6 +151,11 @@ class ClusterEngine : public ElasticEngine {
     return membership_.history();
   }
   Topology Workers() const override { return links_.workers(); }
+  LiveRun Live() const override {
+    return LiveRun{links_.run_id(), links_.generation(), links_.workers(),
+                   links_.generation_step()};
+  }
+  std::optional<int64_t> Adopted() const override { return adopted_; }
 
   void Shutdown() override {
     links_.Close(/*drain=*/true);
@@ -122,6 +171,7 @@ class ClusterEngine : public ElasticEngine {
   EventQueue events_;
   ChainLinks links_;
   ChainMembership membership_;
+  std::optional<int64_t> adopted_;
 };
 
 }  // namespace

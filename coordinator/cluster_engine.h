@@ -8,12 +8,14 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
+#include "coordinator/live_run.h"
 #include "coordinator/membership.h"
 #include "coordinator/resolved_run.h"
 #include "plan/topology.h"
@@ -58,6 +60,12 @@ struct ClusterOptions {
   Membership* membership = nullptr;
   // Told of every topology change the engine applied.
   std::function<void(const TopologyEvent&)> on_topology;
+  // Workers that live on their own (EngineOptions::keep_snapshots,
+  // on_generation, adopt).
+  bool keep_snapshots = false;
+  std::function<void(const std::string& run_id, int64_t generation)>
+      on_generation;
+  std::optional<LiveRun> adopt;
   // Told of a registered joiner that no longer answered at the step
   // boundary, and why; it is dropped and counted as refused ("gone").
   std::function<void(const MemberChange&, const absl::Status&)> on_join_dropped;

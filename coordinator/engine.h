@@ -4,6 +4,7 @@
 #ifndef INTERLOCK_COORDINATOR_ENGINE_H_
 #define INTERLOCK_COORDINATOR_ENGINE_H_
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -11,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/live_run.h"
 #include "coordinator/membership.h"
 #include "services/messages.h"
 
@@ -98,6 +100,13 @@ class ElasticEngine : public Engine {
   virtual std::vector<TopologyEvent> TopologyHistory() const = 0;
   // The workers of every block now, replicas in routing order.
   virtual Topology Workers() const = 0;
+  // What a coordinator started again would adopt: the run's id, its
+  // generation now, the workers, and (as `step`) the boundary this
+  // generation's workers started from (their snapshots begin there).
+  virtual LiveRun Live() const = 0;
+  // The step the engine continued the live workers of EngineOptions::adopt
+  // from (nullopt: it started them afresh).
+  virtual std::optional<int64_t> Adopted() const = 0;
 };
 
 }  // namespace interlock

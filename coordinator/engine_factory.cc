@@ -62,6 +62,9 @@ absl::StatusOr<std::unique_ptr<RunEngine>> MakeEngine(
     }
   }
   co.collective_port = options.collective_port;
+  co.keep_snapshots = options.keep_snapshots;
+  co.on_generation = options.on_generation;
+  co.adopt = options.adopt;
   co.connect_timeout = options.connect_timeout;
   co.window = window;
   ASSIGN_OR_RETURN(co.security, LoadTransportSecurity(options.security,

@@ -34,6 +34,8 @@ struct Accounting {
   int64_t resumed_from_step = -1;  // -1: not resumed
   int64_t checkpoints = 0;
   int64_t failovers = 0;
+  // Coordinators started again that adopted the live workers (journal).
+  int64_t adoptions = 0;
 };
 
 class Ledger {

@@ -29,6 +29,7 @@ absl::Status RunClock::Start(const interlock::v1::RunConfig& config,
   sh.input_bytes = input_bytes + target_bytes;
   sh.replicas = replicas_;
   sh.ring_reduction = t.reduction() == TrainingSpec::RING;
+  sh.first_step = base_;
   ASSIGN_OR_RETURN(ModelProbe probe,
                    ProbeModel(config.model(), shape, /*with_heads=*/!sh.e2e));
   sh.parameters = probe.trained_parameters;

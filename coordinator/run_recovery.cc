@@ -11,6 +11,8 @@
 namespace interlock {
 namespace {
 
+namespace v1 = interlock::v1;
+
 // Longest single attempt of a recovery (waiting for workers, configuring,
 // restoring); attempts repeat until --recover-timeout.
 constexpr absl::Duration kRecoverAttempt = absl::Seconds(5);
@@ -25,6 +27,19 @@ absl::Status RunRecovery::Open(const std::string& dir) {
 }
 
 absl::StatusOr<ResumePoint> RunRecovery::Resume() {
+  ASSIGN_OR_RETURN(ResumePoint point, OpenAndResume());
+  if (!adopted_) return point;
+  // The engine adopted the live workers: they hold the blocks' states at
+  // the journal's step; the coordinator's part comes from the journal.
+  point = ResumeFrom(adopted_->manifest());
+  ++state_.ledger.accounting().adoptions;
+  LOG(INFO) << "continuing run " << adopted_->run_id() << " from step "
+            << point.step << " of " << state_.plan.steps()
+            << " on its live workers (journal " << journal_->path() << ")";
+  return point;
+}
+
+absl::StatusOr<ResumePoint> RunRecovery::OpenAndResume() {
   ResumePoint point;
   std::string dir = o_.dir;
   if (dir.empty() && !out_dir_.empty()) dir = out_dir_ + "/checkpoints";
@@ -49,6 +64,7 @@ absl::StatusOr<ResumePoint> RunRecovery::Resume() {
     return point;  // opened if a stop request needs it
   }
   RETURN_IF_ERROR(Open(dir));
+  if (adopted_) return point;  // continued below, from the journal
   ASSIGN_OR_RETURN(std::optional<Checkpoint> c,
                    checkpoints_->FindResume(o_.resume));
   if (!c) return point;
@@ -68,6 +84,13 @@ absl::StatusOr<ResumePoint> RunRecovery::Resume() {
                      " micro-batches applied in ", mf.step(), " steps of ", m));
   }
   RETURN_IF_ERROR(Restore(engine_, *c));
+  LOG(INFO) << "resuming from " << c->dir << " (step " << mf.step() << " of "
+            << plan.steps() << ")";
+  return ResumeFrom(mf);
+}
+
+ResumePoint RunRecovery::ResumeFrom(const v1::CheckpointManifest& mf) {
+  ResumePoint point;
   point.step = mf.step();
   point.wall_seconds = mf.wall_seconds();
   point.pending_records.assign(mf.pending_metrics().begin(),
@@ -75,6 +98,7 @@ absl::StatusOr<ResumePoint> RunRecovery::Resume() {
   state_.clock.Resume(point.step, mf.virtual_seconds());
   state_.ledger.Restored(point.step);
   state_.ledger.accounting().recoveries = mf.recoveries();
+  state_.ledger.accounting().adoptions = mf.adoptions();
   auto& evals = state_.evals;
   evals.clear();
   for (const auto& e : mf.evals()) {
@@ -90,8 +114,6 @@ absl::StatusOr<ResumePoint> RunRecovery::Resume() {
     h.perplexity = e.perplexity();
     evals.back().heads.push_back(h);
   }
-  LOG(INFO) << "resuming from " << c->dir << " (step " << point.step << " of "
-            << plan.steps() << ")";
   return point;
 }
 
@@ -100,11 +122,11 @@ absl::StatusOr<bool> RunRecovery::CanStop() {
   return checkpoints_ != nullptr;
 }
 
-absl::StatusOr<std::string> RunRecovery::Take(int64_t steps) {
-  const auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(state_.ledger.CheckThrough(steps));
+v1::CheckpointManifest RunRecovery::Manifest(int64_t steps) {
   const RunPlan& plan = state_.plan;
-  interlock::v1::CheckpointManifest mf;
+  v1::CheckpointManifest mf;
+  mf.set_format(1);
+  mf.set_num_blocks(plan.blocks());
   *mf.mutable_config() = c_;
   mf.set_step(steps);
   mf.set_total_steps(plan.steps());
@@ -113,10 +135,10 @@ absl::StatusOr<std::string> RunRecovery::Take(int64_t steps) {
   mf.mutable_cursor()->set_offset(plan.OffsetOf(steps));
   mf.set_wall_seconds(state_.timer.Training());
   RunClock& clock = state_.clock;
-  clock.Advance();
   mf.set_virtual_seconds(steps > 0 ? clock.End(steps - 1) : 0.0);
   mf.set_microbatches_applied(steps * plan.microbatches());
   mf.set_recoveries(state_.ledger.accounting().recoveries);
+  mf.set_adoptions(state_.ledger.accounting().adoptions);
   for (auto& e : state_.evals) {
     if (e.step > steps) continue;
     if (e.virtual_seconds == 0.0 && e.step > 0) {
@@ -134,6 +156,32 @@ absl::StatusOr<std::string> RunRecovery::Take(int64_t steps) {
       r->set_virtual_seconds(e.virtual_seconds);
     }
   }
+  return mf;
+}
+
+void RunRecovery::Journal() {
+  ElasticEngine* elastic = engine_.elastic();
+  if (!journal_ || !elastic) return;
+  const int64_t steps =
+      std::min(state_.records.recorded(), state_.ledger.MinStepsDone());
+  const LiveRun live = elastic->Live();
+  // The workers of this generation hold snapshots from its first step on;
+  // an earlier boundary is not theirs to continue from.
+  if (steps < live.step ||
+      (steps == journaled_step_ && live.generation == journaled_generation_)) {
+    return;
+  }
+  journaled_step_ = steps;
+  journaled_generation_ = live.generation;
+  journal_->Write(live, Manifest(steps));
+}
+
+absl::StatusOr<std::string> RunRecovery::Take(int64_t steps) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(state_.ledger.CheckThrough(steps));
+  RunClock& clock = state_.clock;
+  clock.Advance();
+  v1::CheckpointManifest mf = Manifest(steps);
   // Steps done but not yet placed on the virtual clock (it runs up to two
   // steps behind) are kept as records without a virtual time, so that a
   // resumed run's metrics.jsonl has every step.

@@ -15,6 +15,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/metrics.h"
 #include "coordinator/run_checkpoints.h"
+#include "coordinator/run_journal.h"
 #include "coordinator/run_state.h"
 #include "coordinator/train_options.h"
 #include "proto/config.pb.h"
@@ -45,6 +46,22 @@ class RunRecovery {
         state_(state),
         metrics_(metrics) {}
 
+  // The run's journal (workers that live on their own; null: none) and,
+  // when the engine adopted the live workers it names, the journal read at
+  // the start: Resume continues from it instead of a checkpoint.
+  void SetJournal(RunJournal* journal,
+                  const interlock::v1::RunJournal* adopted) {
+    journal_ = journal;
+    adopted_ = adopted;
+  }
+  // Records the newest step boundary every block passed and the clock
+  // placed in the journal, when it moved on (after each event).
+  void Journal();
+  // The run finished: nothing is left to adopt.
+  void CloseJournal() {
+    if (journal_) journal_->Remove();
+  }
+
   // Opens the checkpoint folder (if the run has one) and, when there is a
   // checkpoint to resume from, restores the engine, the ledger, the clock's
   // base and the evaluations from it.
@@ -73,6 +90,14 @@ class RunRecovery {
 
  private:
   absl::Status Open(const std::string& dir);
+  // Opens the checkpoint folder and, unless the workers were adopted,
+  // restores the newest checkpoint.
+  absl::StatusOr<ResumePoint> OpenAndResume();
+  // The coordinator's part of a checkpoint at `steps` (steps, cursor,
+  // times, accounting, evaluations; no files, no pending records).
+  interlock::v1::CheckpointManifest Manifest(int64_t steps);
+  // Continues the run's state (clock, ledger, evaluations) from `mf`.
+  ResumePoint ResumeFrom(const interlock::v1::CheckpointManifest& mf);
 
   const interlock::v1::RunConfig& c_;
   const CheckpointOptions& o_;
@@ -85,6 +110,11 @@ class RunRecovery {
   std::unique_ptr<RunCheckpoints> checkpoints_;
   std::string dir_;
   int recoveries_without_progress_ = 0;
+  RunJournal* journal_ = nullptr;
+  const interlock::v1::RunJournal* adopted_ = nullptr;
+  // The step and generation the journal last recorded.
+  int64_t journaled_step_ = -1;
+  int64_t journaled_generation_ = -1;
 };
 
 }  // namespace interlock

@@ -86,6 +86,7 @@ RunSummary SummaryOf(const v1::RunConfig& config, const std::string& mode,
   out->set_resumed_from_step(Count(a.resumed_from_step));
   out->set_checkpoints(Count(a.checkpoints));
   out->set_failovers(Count(a.failovers));
+  out->set_adoptions(Count(a.adoptions));
   for (const TopologyEvent& e : r.topology) {
     v1::TopologyChange* c = s.add_topology();
     c->set_step(Count(e.step));

@@ -3,18 +3,21 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/engine_factory.h"
 #include "coordinator/evaluation.h"
 #include "coordinator/partition.h"
 #include "coordinator/progress.h"
+#include "coordinator/run_journal.h"
 #include "coordinator/run_recovery.h"
 #include "coordinator/run_report.h"
 #include "coordinator/run_state.h"
 #include "plan/replica_routes.h"
 #include "plan/status_macros.h"
 #include "plan/topology.h"
+#include "rpc/security.h"
 #include "services/calibration.h"
 #include "services/config.h"
 #include "services/logging.h"
@@ -128,6 +131,7 @@ class Runner {
       ASSIGN_OR_RETURN(from, recovery_.Recover(st));
       ResetTo(from);
     }
+    recovery_.CloseJournal();
     progress.Finish();
     s_.records.SetProgress(nullptr);
     RETURN_IF_ERROR(s_.records.Close());
@@ -369,6 +373,9 @@ class Runner {
       RETURN_IF_ERROR(s_.records.EmitReady());
     }
     ASSIGN_OR_RETURN(const std::string dir, recovery_.Take(s));
+    // Stopped on purpose: the run continues from this checkpoint, not from
+    // the workers' snapshots.
+    recovery_.CloseJournal();
     return absl::CancelledError(
         absl::StrCat("stopped at step ", s, "; checkpoint ", dir,
                      " (run again with the same --out to resume)"));
@@ -404,7 +411,9 @@ class Runner {
       }
       s_.clock.OnOptimizer(d->step, d->block, d->timing.seconds);
       s_.clock.Advance();
-      return s_.records.EmitReady();
+      RETURN_IF_ERROR(s_.records.EmitReady());
+      recovery_.Journal();
+      return absl::OkStatus();
     }
     if (std::get_if<DuplicateAck>(&e)) {
       s_.ledger.OnDuplicate();
@@ -421,7 +430,9 @@ class Runner {
       recovery_.Progressed();
     }
     s_.clock.Advance();
-    return s_.records.EmitReady();
+    RETURN_IF_ERROR(s_.records.EmitReady());
+    recovery_.Journal();
+    return absl::OkStatus();
   }
 
   // The routes of step s in proportion to each replica's measured
@@ -539,15 +550,46 @@ absl::StatusOr<TrainResult> TrainResolved(const ResolvedRun& run,
   }
   ASSIGN_OR_RETURN(RunPlan plan, RunPlan::Make(config, data.train->size(),
                                                run.blocks, options.window));
+  // Workers that live on their own outlive this process: its journal lets
+  // a coordinator started again on this --out adopt them.
+  EngineOptions engine_options = options.engine;
+  std::unique_ptr<RunJournal> journal;
+  std::optional<interlock::v1::RunJournal> adopt;
+  if (engine_options.kind == EngineKind::kCluster &&
+      !engine_options.workers.empty() && !out.empty()) {
+    ASSIGN_OR_RETURN(
+        const TransportSecurity security,
+        LoadTransportSecurity(engine_options.security, /*server=*/false));
+    journal = std::make_unique<RunJournal>(out, security.token);
+    if (options.checkpoints.resume.empty()) {
+      absl::StatusOr<std::optional<interlock::v1::RunJournal>> read =
+          journal->Read(config);
+      if (!read.ok()) {
+        LOG(WARNING) << "not adopting the workers: " << read.status().message();
+      } else if (*read) {
+        adopt = std::move(**read);
+        engine_options.adopt = RunJournal::Adoptable(*adopt);
+        journal->Hold(*adopt);
+      }
+    }
+    engine_options.keep_snapshots = true;
+    engine_options.on_generation =
+        [j = journal.get()](const std::string& run_id, int64_t generation) {
+          j->Raise(run_id, generation);
+        };
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<RunEngine> engine,
-                   MakeEngine(run, data.shape, options.engine, options.window,
+                   MakeEngine(run, data.shape, engine_options, options.window,
                               metrics.get()));
+  const bool adopted = engine->engine().elastic() &&
+                       engine->engine().elastic()->Adopted().has_value();
   // The replicas the virtual clock replays: the cluster's, or in process
   // (which runs the single chain, bitwise what ORDERED replicas compute)
   // the ones --replicas asks the clock to model.
   RunState state(std::move(plan), options.link, run.replicas, metrics.get());
   RunRecovery recovery(config, options.checkpoints, out, engine->seal_key(),
                        engine->engine(), state, metrics.get());
+  recovery.SetJournal(journal.get(), adopted ? &*adopt : nullptr);
   Runner runner(run, options, engine->engine(), data, state, recovery,
                 metrics.get());
   return runner.Run();

@@ -11,11 +11,13 @@
 #include <cstdint>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "analysis/virtual_clock.h"
+#include "coordinator/live_run.h"
 #include "rpc/security.h"
 
 namespace interlock {
@@ -90,6 +92,17 @@ struct EngineOptions {
   // --insecure: the CLI let the membership service or /metrics listen beyond
   // loopback without a token or mutual TLS. Recorded in summary.json.
   bool insecure = false;
+  // Cluster on workers that live on their own, with an --out (set by
+  // Train): every worker keeps step-boundary snapshots and `on_generation`
+  // hears of each generation before it is configured, so the run's journal
+  // always names one no Configure used yet. `adopt`: the live workers of
+  // the journal, continued from their snapshots instead of started afresh
+  // (when that fails, the run starts them afresh and resumes from its
+  // checkpoint).
+  bool keep_snapshots = false;
+  std::function<void(const std::string& run_id, int64_t generation)>
+      on_generation;
+  std::optional<LiveRun> adopt;
   // Receives the local cluster while it runs (nullptr once stopped), so a
   // signal handler can stop it.
   std::function<void(LocalCluster*)> on_cluster;

@@ -527,6 +527,124 @@ TEST(Elastic, ADroppedReplicaThatWakesRegistersAgain) {
   std::filesystem::remove_all(dir);
 }
 
+// The step the coordinator's log says it adopted the live workers at, or
+// -1 when it did not.
+int64_t AdoptedAt(const std::string& log) {
+  const std::string text = ReadFile(log);
+  const std::string mark = "adopted the live workers of run ";
+  const size_t at = text.find(mark);
+  if (at == std::string::npos) return -1;
+  const size_t step = text.find(" at step ", at);
+  return step == std::string::npos ? -1 : std::stoll(text.substr(step + 9));
+}
+
+// Workers started by hand outlive their coordinator: one killed with -9
+// mid-run is started again on the same --out and adopts the live workers,
+// every block continuing from its own snapshot of the last step boundary
+// the journal names (no checkpoint exists yet, so none is read). Killed
+// again after a checkpoint, with a worker restarted meanwhile (it has no
+// snapshot), the third falls back to the checkpoint. The run ends bitwise
+// on the single chain, every micro-batch applied once, every step recorded
+// once.
+TEST(Elastic, ANewCoordinatorAdoptsTheLiveWorkers) {
+  const std::string dir = MakeTempDir("elastic-adopt");
+  std::ofstream(dir + "/token") << "adopt-token\n";
+  std::ofstream(dir + "/config.pbtxt") << kConfig;
+  const std::vector<std::string> auth = {"--token-file=" + dir + "/token"};
+  std::string workers;
+  std::vector<WorkerProcess> w = StartReplicas2111(dir, auth, &workers);
+  ASSERT_EQ(w.size(), 5u);
+  const int steps = 400;
+  const std::string out = dir + "/out";
+  const std::string metrics = out + "/metrics.jsonl";
+  const std::vector<std::string> args = {"train",
+                                         "--config",
+                                         dir + "/config.pbtxt",
+                                         "--engine",
+                                         "cluster",
+                                         "--workers",
+                                         workers,
+                                         "--token-file",
+                                         dir + "/token",
+                                         "--steps",
+                                         std::to_string(steps),
+                                         "--checkpoint-every=100",
+                                         "--out",
+                                         out,
+                                         "--quiet"};
+  Child first = StartChild(INTERLOCK_CLI, args, dir + "/cli1.log");
+  ASSERT_TRUE(WaitFor([&] { return LinesIn(metrics) >= 30; }, 300))
+      << ReadFile(first.log);
+  const int recorded = LinesIn(metrics);
+  kill(first.pid, SIGKILL);
+  WaitExit(first.pid, 30);
+  ASSERT_FALSE(std::filesystem::exists(out + "/checkpoints/step-0000000100"));
+
+  Child second = StartChild(INTERLOCK_CLI, args, dir + "/cli2.log");
+  ASSERT_TRUE(WaitFor([&] { return AdoptedAt(second.log) >= 0; }, 120))
+      << ReadFile(second.log);
+  // At most the steps in flight run again.
+  const int64_t adopted = AdoptedAt(second.log);
+  EXPECT_GE(adopted + 3, recorded) << ReadFile(second.log);
+  std::cout << "adopted at step " << adopted << " with " << recorded
+            << " steps recorded when the coordinator was killed\n";
+  EXPECT_FALSE(LogHas(second.log, "resuming from")) << ReadFile(second.log);
+  ASSERT_TRUE(WaitFor([&] { return LinesIn(metrics) >= 130; }, 300))
+      << ReadFile(second.log);
+  kill(second.pid, SIGKILL);
+  WaitExit(second.pid, 30);
+  // Block 2's worker restarted on its port: it holds no snapshot.
+  const int port = w[3].port;
+  StopWorker(w[3], SIGKILL);
+  std::vector<std::string> same_port = auth;
+  same_port.push_back("--port=" + std::to_string(port));
+  w[3] = StartWorker(INTERLOCK_WORKER, dir, 3, same_port);
+  ASSERT_EQ(w[3].port, port) << ReadFile(dir + "/w3.log");
+
+  Child third = StartChild(INTERLOCK_CLI, args, dir + "/cli3.log");
+  ASSERT_EQ(WaitExit(third.pid, 600), 0) << ReadFile(third.log);
+  EXPECT_TRUE(LogHas(third.log, "could not adopt the live workers"))
+      << ReadFile(third.log);
+  EXPECT_TRUE(LogHas(third.log, "resuming from")) << ReadFile(third.log);
+  for (auto& p : w) StopWorker(p);
+
+  const v1::RunSummary summary = ReadSummary(out);
+  const auto& a = summary.accounting();
+  EXPECT_EQ(a.adoptions(), 1);
+  EXPECT_EQ(a.recoveries(), 0);
+  EXPECT_GE(a.resumed_from_step(), 100);
+  EXPECT_EQ(a.steps_not_exactly_once_size(), 0);
+  EXPECT_EQ(a.microbatches_applied(), steps * 4);
+  EXPECT_EQ(LinesIn(metrics), steps);
+  EXPECT_FALSE(std::filesystem::exists(out + "/journal.pbtxt"));
+  EXPECT_EQ(summary.digest(), SingleChainDigest(steps));
+  std::filesystem::remove_all(dir);
+}
+
+// The virtual clock splits a step without routes of its own as the engine
+// does, by the run's step number: a replicated run resumed at an odd step
+// places every step (it once stalled, "step N did not finish in the
+// replay") and ends bitwise where the uninterrupted run does.
+TEST(Elastic, AReplicatedRunResumedAtAnOddStepPlacesEveryStep) {
+  const std::string dir = MakeTempDir("elastic-odd");
+  std::ofstream(dir + "/config.pbtxt") << kConfig;
+  const std::string out = dir + "/out";
+  const std::string common =
+      std::string(INTERLOCK_CLI) + " train --quiet --config " + dir +
+      "/config.pbtxt --engine cluster --replicas 2,1,1,1 --steps 120 "
+      "--checkpoint-every 41 --out " +
+      out;
+  auto whole = RunCommand(common);
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  ASSERT_TRUE(std::filesystem::exists(out + "/checkpoints/step-0000000041"));
+  auto resumed =
+      RunCommand(common + " --resume " + out + "/checkpoints/step-0000000041");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(DigestOf(resumed.output), DigestOf(whole.output));
+  EXPECT_EQ(LinesIn(out + "/metrics.jsonl"), 120);
+  std::filesystem::remove_all(dir);
+}
+
 // A run without a token (workers on loopback) tells no caller its id or
 // generation: a Register that succeeds is answered without them.
 TEST(Elastic, ATokenlessMembershipServiceTellsNoRunId) {

@@ -179,10 +179,13 @@ absl::Status WorkerCore::StageModelFile(ScriptedFile file) {
 
 absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
     const v1::ConfigureRequest& req) {
+  // A retried Configure of the same run: the same generation and stream
+  // key (drawn afresh for every configuration, so a coordinator started
+  // again that reuses a generation is not taken for a retry).
   if (run_ && run_->run_id == req.run_id() &&
       run_->generation == req.generation() && run_->block == req.block() &&
-      run_->replica == req.replica()) {
-    return run_->response;  // a retried Configure of the same run
+      run_->replica == req.replica() && run_->stream_key == req.stream_key()) {
+    return run_->response;
   }
   // Everything that can refuse the request is decided before the run this
   // worker has is let go.
@@ -235,9 +238,11 @@ absl::StatusOr<v1::ConfigureResponse> WorkerCore::DoConfigure(
   run->metrics->configured->Set(1);
   run->metrics->step->Set(static_cast<double>(step));
   // Blocks are at most max_steps_ahead apart (block_run_spec.cc), so the
-  // last boundary every block passed is never older than that.
+  // last boundary every block passed is never older than that; the
+  // coordinator's journal names one up to two steps older still (its
+  // virtual clock places steps up to two behind).
   snapshots_.Reset(run->run_id, run->generation, run->block,
-                   run->max_steps_ahead + 1);
+                   run->max_steps_ahead + 3);
   run_ = std::move(run);
   if (run_->snapshots) {
     if (run_->restore_step) {
