@@ -253,11 +253,12 @@ TEST_F(ReportTest, SummaryKeepsItsKeysAndRoundTrips) {
             (Keys{"step", "generation", "changes", "replicas", "state_bytes"}));
   EXPECT_NE(text.find("\"kind\": \"join\""), std::string::npos) << text;
   EXPECT_NE(text.find("\"failovers\": 1"), std::string::npos) << text;
-  EXPECT_EQ(KeysOf(s.fields().at("accounting").struct_value()),
-            (Keys{"microbatches_per_step", "microbatches_applied",
-                  "block_steps", "steps_not_exactly_once", "recoveries",
-                  "microbatches_replayed", "duplicates_acknowledged",
-                  "resumed_from_step", "checkpoints", "failovers"}));
+  EXPECT_EQ(
+      KeysOf(s.fields().at("accounting").struct_value()),
+      (Keys{"microbatches_per_step", "microbatches_applied", "block_steps",
+            "steps_not_exactly_once", "recoveries", "microbatches_replayed",
+            "duplicates_acknowledged", "resumed_from_step", "checkpoints",
+            "failovers", "adoptions"}));
   // Numbers are JSON numbers; only these keys hold text (and "NaN").
   Struct numbers = s;
   for (auto& e : *(*numbers.mutable_fields())["eval"]
