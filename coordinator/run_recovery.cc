@@ -99,6 +99,7 @@ ResumePoint RunRecovery::ResumeFrom(const v1::CheckpointManifest& mf) {
   state_.ledger.Restored(point.step);
   state_.ledger.accounting().recoveries = mf.recoveries();
   state_.ledger.accounting().adoptions = mf.adoptions();
+  state_.ledger.accounting().failovers = mf.failovers();
   auto& evals = state_.evals;
   evals.clear();
   for (const auto& e : mf.evals()) {
@@ -139,6 +140,7 @@ v1::CheckpointManifest RunRecovery::Manifest(int64_t steps) {
   mf.set_microbatches_applied(steps * plan.microbatches());
   mf.set_recoveries(state_.ledger.accounting().recoveries);
   mf.set_adoptions(state_.ledger.accounting().adoptions);
+  mf.set_failovers(state_.ledger.accounting().failovers);
   for (auto& e : state_.evals) {
     if (e.step > steps) continue;
     if (e.virtual_seconds == 0.0 && e.step > 0) {
@@ -174,6 +176,20 @@ void RunRecovery::Journal() {
   journaled_step_ = steps;
   journaled_generation_ = live.generation;
   journal_->Write(live, Manifest(steps));
+}
+
+void RunRecovery::JournalBoundary(int64_t step) {
+  ElasticEngine* elastic = engine_.elastic();
+  if (!journal_ || !elastic) return;
+  state_.clock.Advance();
+  v1::CheckpointManifest mf = Manifest(step);
+  for (auto& line : state_.records.Pending(step)) {
+    mf.add_pending_metrics(std::move(line));
+  }
+  const LiveRun live = elastic->Live();
+  journaled_step_ = step;
+  journaled_generation_ = live.generation;
+  journal_->Write(live, std::move(mf));
 }
 
 absl::StatusOr<std::string> RunRecovery::Take(int64_t steps) {
@@ -221,6 +237,7 @@ absl::StatusOr<int64_t> RunRecovery::Recover(const absl::Status& failure) {
   }
   if (failover.ok()) {
     ++state_.ledger.accounting().failovers;
+    JournalBoundary(*failover);
     LOG(INFO) << failure.message()
               << "; the surviving replicas continue from step " << *failover
               << " (no checkpoint restore)";

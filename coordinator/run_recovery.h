@@ -57,6 +57,12 @@ class RunRecovery {
   // Records the newest step boundary every block passed and the clock
   // placed in the journal, when it moved on (after each event).
   void Journal();
+  // The topology changed at `step` (a join, a leave, a fail-over), with the
+  // chain idle: records it at once, with the records the virtual clock has
+  // not placed yet, so that a coordinator started before the next step
+  // completes adopts the new topology (its workers hold snapshots from
+  // `step` on, not before).
+  void JournalBoundary(int64_t step);
   // The run finished: nothing is left to adopt.
   void CloseJournal() {
     if (journal_) journal_->Remove();

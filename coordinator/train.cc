@@ -240,6 +240,7 @@ class Runner {
         RETURN_IF_ERROR(elastic->ApplyMembership(s + 1));
         const auto history = elastic->TopologyHistory();
         const bool changed = history.size() > changes;
+        if (changed) recovery_.JournalBoundary(s + 1);
         std::string detail;
         if (changed) {
           // Where a change's time goes: state from live replicas for the

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -195,6 +196,11 @@ int HealthCheck(const std::string& target, const std::string& service,
 // --coordinator: registers this worker (serving on `port`) for --block.
 // Returns the address it registered and the client-side security its Leave
 // uses.
+// Whether this process hosts a configured block (WorkerServerOptions::
+// on_configured).
+std::atomic<bool> g_configured{false};
+bool configured() { return g_configured.load(); }
+
 absl::StatusOr<std::pair<std::string, interlock::TransportSecurity>> Join(
     const std::string& coordinator, const interlock::SecurityFiles& files,
     int port, const std::string& host) {
@@ -229,8 +235,25 @@ absl::StatusOr<std::pair<std::string, interlock::TransportSecurity>> Join(
   }
   auto security = interlock::LoadTransportSecurity(files, /*server=*/false);
   if (!security.ok()) return security.status();
-  auto r = interlock::RegisterWithCoordinator(coordinator, *security, req,
-                                              absl::Now() + absl::Minutes(5));
+  const absl::Time deadline = absl::Now() + absl::Minutes(5);
+  auto r =
+      interlock::RegisterWithCoordinator(coordinator, *security, req, deadline);
+  // This address still listed (a process that had it died and the run has
+  // not dropped it yet, or a registration of it is pending): the run
+  // either drops the old one, and this one is taken, or configures this
+  // one at that address. Asked again until one of them happens.
+  while (absl::IsAlreadyExists(r.status()) && absl::Now() < deadline) {
+    if (configured()) {
+      LOG(INFO) << address << " is in the run already (configured)";
+      return std::make_pair(address, *std::move(security));
+    }
+    LOG(INFO) << "register: " << r.status().message()
+              << "; asking again in 2 s";
+    absl::SleepFor(absl::Seconds(2));
+    if (configured()) continue;
+    r = interlock::RegisterWithCoordinator(coordinator, *security, req,
+                                           deadline);
+  }
   if (!r.ok()) {
     return absl::Status(r.status().code(),
                         absl::StrCat("register with ", coordinator, ": ",
@@ -405,6 +428,7 @@ int main(int argc, char** argv) {
     }
     kill(getpid(), SIGUSR1);
   };
+  options.on_configured = [](bool on) { g_configured.store(on); };
   auto server = interlock::WorkerServer::Start(options);
   if (!server.ok()) {
     std::cerr << "interlock-worker: error: " << server.status().message()

@@ -72,10 +72,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   health->SetServingStatus(kServiceName, false);
   health->SetServingStatus(kLivenessService, true);
   if (options.on_released) s->core_->set_on_released(options.on_released);
-  s->core_->set_on_configured([health](bool serving) {
-    health->SetServingStatus("", serving);
-    health->SetServingStatus(kServiceName, serving);
-  });
+  s->core_->set_on_configured(
+      [health, told = options.on_configured](bool serving) {
+        health->SetServingStatus("", serving);
+        health->SetServingStatus(kServiceName, serving);
+        if (told) told(serving);
+      });
 
   if (options.metrics_port >= 0) {
     auto exposer = HttpExposer::Start(

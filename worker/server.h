@@ -41,6 +41,8 @@ struct WorkerServerOptions {
   // WorkerCore::set_on_released.
   std::function<void(const std::string& run_id, int64_t generation)>
       on_released;
+  // Told whenever a block is configured (true) or its run ends (false).
+  std::function<void(bool)> on_configured;
 };
 
 class WorkerServer {
