@@ -181,6 +181,18 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeInProcessEngine(
     const ResolvedRun& run, const DataShape& shape, Schedule schedule) {
   const int threads = std::max(1, run.config.training().threads_per_block());
   ConfigureThreads(threads);
+  // E2E with one micro-batch per step keeps one block busy at a time: the
+  // only overlap a thread per block could win, a block's optimizer step
+  // beside the backward pass of the block below, is worth less than the
+  // hand-offs between threads cost (2-13 % of the step,
+  // docs/notebook/BENCHMARKS-lab.md), so the blocks run one after another
+  // on the caller's thread. Where micro-batches or n-way blocks overlap,
+  // they get their threads.
+  const auto& t = run.config.training();
+  if (schedule == Schedule::kThreaded &&
+      t.mode() == interlock::v1::TrainingSpec::E2E && t.microbatches() <= 1) {
+    schedule = Schedule::kSequential;
+  }
   auto engine = std::make_unique<InProcessEngine>(schedule, threads, run.codec);
   RETURN_IF_ERROR(engine->Init(run.config, shape, run.devices));
   return std::unique_ptr<Engine>(std::move(engine));

@@ -12,12 +12,12 @@
 #
 #   bash tests/bench/chaos_soak.sh [FAULTS]      # default 200
 #   (env: BUILD=build, SEED (default random), STEPS (default 250 x FAULTS
-#   + 500), REPORT=chaos_soak.txt)
+#   + 500), REPORT (default /tmp/chaos_soak.txt))
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 FAULTS=${1:-200}
-REPORT=${REPORT:-chaos_soak.txt}
+REPORT=${REPORT:-${TMPDIR:-/tmp}/chaos_soak.txt}
 env INTERLOCK_SOAK_FAULTS="$FAULTS" \
   ${SEED:+INTERLOCK_SOAK_SEED=$SEED} ${STEPS:+INTERLOCK_SOAK_STEPS=$STEPS} \
   INTERLOCK_SOAK_REPORT="$REPORT" \
