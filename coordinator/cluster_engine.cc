@@ -71,10 +71,10 @@ class ClusterEngine : public ElasticEngine {
     std::set<std::string> all;
     for (const auto& block : live.workers)
       all.insert(block.begin(), block.end());
-    // At once: a worker that had been waiting for a peer (a replica's
-    // reduction) is freed when that peer is reconfigured.
-    // Live workers answer at once; one that does not is gone, and the run
-    // falls back to its checkpoint rather than wait the whole timeout.
+    // Every worker at once: one waiting for a peer (a replica's reduction)
+    // is freed when that peer is reconfigured. Live workers answer at once;
+    // one that does not is gone, and the run falls back to its checkpoint
+    // rather than wait the whole connect timeout.
     RETURN_IF_ERROR(
         links_.Connect(std::min(options_.connect_timeout, absl::Seconds(5)),
                        /*parallel=*/true, all, live.step));

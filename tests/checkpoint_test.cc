@@ -186,6 +186,57 @@ TEST_F(CheckpointStoreTest, ManifestNamingFilesOutsideTheFolderIsRefused) {
       << r.status();
 }
 
+// The coordinator's journal (a coordinator started again adopts the
+// workers it names) is sealed like a manifest: read back whole, refused
+// when a byte changed, when a run with a token finds it unsigned or
+// signed with another token, and when its fields do not fit together.
+TEST_F(CheckpointStoreTest, JournalRoundTripsAndDamageOrForgeryIsRefused) {
+  v1::RunJournal j;
+  j.set_format(1);
+  j.set_run_id("0123456789abcdef");
+  j.set_generation(7);
+  j.add_workers("127.0.0.1:7001+127.0.0.1:7002");
+  j.add_workers("127.0.0.1:7003");
+  *j.mutable_manifest() = Manifest(40);
+  j.mutable_manifest()->set_format(1);
+  j.mutable_manifest()->set_num_blocks(2);
+  const std::string sealed = SerializeJournal(j, "token-a");
+  auto back = ParseJournal(sealed, "journal", "token-a");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->run_id(), "0123456789abcdef");
+  EXPECT_EQ(back->generation(), 7);
+  EXPECT_EQ(back->manifest().step(), 40);
+  ASSERT_EQ(back->workers_size(), 2);
+  EXPECT_EQ(back->workers(0), "127.0.0.1:7001+127.0.0.1:7002");
+
+  std::string flipped = sealed;
+  const size_t at = flipped.find("generation: 7");
+  ASSERT_NE(at, std::string::npos) << sealed;
+  flipped[at + 12] = '9';
+  auto damaged = ParseJournal(flipped, "journal", "token-a");
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ParseJournal(sealed, "journal", "token-b").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(
+      ParseJournal(SerializeJournal(j), "journal", "token-a").status().code(),
+      absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(
+      ParseJournal(sealed.substr(0, sealed.size() / 2), "journal", "token-a")
+          .status()
+          .code(),
+      absl::StatusCode::kDataLoss);
+  v1::RunJournal odd = j;
+  odd.add_workers("127.0.0.1:7004");  // three worker lists for two blocks
+  auto r = ParseJournal(SerializeJournal(odd), "journal");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("3 for 2 blocks"), std::string::npos)
+      << r.status();
+  odd = j;
+  odd.set_generation(0);
+  EXPECT_FALSE(ParseJournal(SerializeJournal(odd), "journal").ok());
+}
+
 // A process that dies after writing everything but before the rename
 // leaves the previous checkpoint loadable; the next start removes the
 // unfinished folder.

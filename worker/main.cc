@@ -193,14 +193,14 @@ int HealthCheck(const std::string& target, const std::string& service,
   return *code == 1 ? 0 : 1;
 }
 
-// --coordinator: registers this worker (serving on `port`) for --block.
-// Returns the address it registered and the client-side security its Leave
-// uses.
 // Whether this process hosts a configured block (WorkerServerOptions::
 // on_configured).
 std::atomic<bool> g_configured{false};
 bool configured() { return g_configured.load(); }
 
+// --coordinator: registers this worker (serving on `port`) for --block.
+// Returns the address it registered and the client-side security its Leave
+// uses.
 absl::StatusOr<std::pair<std::string, interlock::TransportSecurity>> Join(
     const std::string& coordinator, const interlock::SecurityFiles& files,
     int port, const std::string& host) {

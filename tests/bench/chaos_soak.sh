@@ -18,8 +18,9 @@ cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 FAULTS=${1:-200}
 REPORT=${REPORT:-${TMPDIR:-/tmp}/chaos_soak.txt}
+STEPS=${STEPS:-$((250 * FAULTS + 500))}
 env INTERLOCK_SOAK_FAULTS="$FAULTS" \
-  ${SEED:+INTERLOCK_SOAK_SEED=$SEED} ${STEPS:+INTERLOCK_SOAK_STEPS=$STEPS} \
+  ${SEED:+INTERLOCK_SOAK_SEED=$SEED} INTERLOCK_SOAK_STEPS="$STEPS" \
   INTERLOCK_SOAK_REPORT="$REPORT" \
   "$BUILD/tests/interlock_soak_tests" \
   --gtest_filter=ChaosSoak.RandomFaultsOnReplicasAndTheCoordinatorEndBitwise
