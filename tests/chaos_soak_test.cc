@@ -32,24 +32,7 @@ using namespace interlock::testing;  // NOLINT
 using Clock = std::chrono::steady_clock;
 
 // Four blocks; blocks 0 and 1 get a second replica that joins.
-constexpr char kConfig[] = R"pb(
-  name: "soak"
-  model {
-    resnet { architecture: "8,1/16,1/16,1" }
-    head: "gbpl_fc"
-    partition: "2,1,1,rest"
-  }
-  data {
-    kind: SYNTHETIC_IMAGES
-    synthetic_shape: [ 3, 16, 16 ]
-    synthetic_classes: 4
-    synthetic_train: 512
-    synthetic_test: 32
-  }
-  optimizer { kind: SGD momentum: 0.9 }
-  schedule { kind: CONSTANT lr: 0.02 }
-  training { batch_size: 16 microbatches: 4 seed: 5 }
-)pb";
+constexpr const char* kConfig = kElasticConfig;
 constexpr int kMicrobatches = 4;
 
 int EnvInt(const char* name, int fallback) {

@@ -42,6 +42,27 @@ inline constexpr char kTwoBlocks[] = R"pb(
   training { mode: INTERLOCK n: 2 batch_size: 2 }
 )pb";
 
+// Four ResNet blocks on synthetic 3x16x16 images, 4 micro-batches, 240
+// steps: the elastic and chaos tests' run (replicas up to 4 per block).
+inline constexpr char kElasticConfig[] = R"pb(
+  name: "elastic"
+  model {
+    resnet { architecture: "8,1/16,1/16,1" }
+    head: "gbpl_fc"
+    partition: "2,1,1,rest"
+  }
+  data {
+    kind: SYNTHETIC_IMAGES
+    synthetic_shape: [ 3, 16, 16 ]
+    synthetic_classes: 4
+    synthetic_train: 512
+    synthetic_test: 32
+  }
+  optimizer { kind: SGD momentum: 0.9 }
+  schedule { kind: CONSTANT lr: 0.02 }
+  training { batch_size: 16 microbatches: 4 steps: 240 seed: 5 }
+)pb";
+
 inline std::string MakeTempDir(const std::string& tag) {
   std::string tmpl = "/tmp/interlock-test-" + tag + "-XXXXXX";
   return mkdtemp(tmpl.data());

@@ -25,24 +25,7 @@ namespace {
 namespace v1 = interlock::v1;
 using namespace interlock::testing;  // NOLINT
 
-constexpr char kConfig[] = R"pb(
-  name: "elastic"
-  model {
-    resnet { architecture: "8,1/16,1/16,1" }
-    head: "gbpl_fc"
-    partition: "2,1,1,rest"
-  }
-  data {
-    kind: SYNTHETIC_IMAGES
-    synthetic_shape: [ 3, 16, 16 ]
-    synthetic_classes: 4
-    synthetic_train: 512
-    synthetic_test: 32
-  }
-  optimizer { kind: SGD momentum: 0.9 }
-  schedule { kind: CONSTANT lr: 0.02 }
-  training { batch_size: 16 microbatches: 4 steps: 240 seed: 5 }
-)pb";
+constexpr const char* kConfig = kElasticConfig;
 
 std::shared_ptr<grpc::Channel> Plain(const std::string& address) {
   return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
