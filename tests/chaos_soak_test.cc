@@ -177,7 +177,7 @@ class Soak {
     }
   }
 
-  // Runs `wait` while supervising; false if the coordinator exited.
+  // Supervises until `done` holds (true) or `seconds` pass (false).
   template <typename F>
   bool SuperviseUntil(F done, double seconds) {
     const auto deadline =
