@@ -166,15 +166,15 @@ void RunRecovery::Journal() {
   if (!journal_ || !elastic) return;
   const int64_t steps =
       std::min(state_.records.recorded(), state_.ledger.MinStepsDone());
+  // Called after every event: nothing is copied until the boundary moved
+  // (a new generation is written at its own boundary, JournalBoundary, or
+  // with the next step).
+  if (steps == journaled_step_) return;
   const LiveRun live = elastic->Live();
   // The workers of this generation hold snapshots from its first step on;
   // an earlier boundary is not theirs to continue from.
-  if (steps < live.step ||
-      (steps == journaled_step_ && live.generation == journaled_generation_)) {
-    return;
-  }
+  if (steps < live.step) return;
   journaled_step_ = steps;
-  journaled_generation_ = live.generation;
   journal_->Write(live, Manifest(steps));
 }
 
@@ -188,7 +188,6 @@ void RunRecovery::JournalBoundary(int64_t step) {
   }
   const LiveRun live = elastic->Live();
   journaled_step_ = step;
-  journaled_generation_ = live.generation;
   journal_->Write(live, std::move(mf));
 }
 

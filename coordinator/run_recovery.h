@@ -118,9 +118,8 @@ class RunRecovery {
   int recoveries_without_progress_ = 0;
   RunJournal* journal_ = nullptr;
   const interlock::v1::RunJournal* adopted_ = nullptr;
-  // The step and generation the journal last recorded.
+  // The step the journal last recorded.
   int64_t journaled_step_ = -1;
-  int64_t journaled_generation_ = -1;
 };
 
 }  // namespace interlock
